@@ -1,0 +1,15 @@
+"""KV caches behind one interface: the contiguous baseline and the paged arena."""
+
+from refllm.kv.base import CacheCapacityError, CacheConfig, CacheShape, KVCache, UnknownSequenceError
+from refllm.kv.contiguous import ContiguousKVCache
+from refllm.kv.factory import create_cache
+
+__all__ = [
+    "CacheCapacityError",
+    "CacheConfig",
+    "CacheShape",
+    "ContiguousKVCache",
+    "KVCache",
+    "UnknownSequenceError",
+    "create_cache",
+]

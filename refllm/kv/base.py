@@ -1,0 +1,148 @@
+"""The one interface every KV cache implements.
+
+A cache holds, for every layer, the keys and values of any number of
+sequences, each known by an integer id. The forward pass talks to it in four
+steps per forward call:
+
+    cache.reserve(seq_ids, T)          make room for T new tokens per sequence (or raise, changing nothing)
+    for each layer:
+        cache.write(layer, seq_ids, k, v)             keys/values of the T new tokens
+        out = cache.attention(layer, seq_ids, q, ...) the new queries over every key so far
+    cache.commit(seq_ids, T)           the T tokens now count in each sequence's length
+
+Until ``commit`` the new tokens are invisible to ``length``, so a forward
+pass that fails half-way leaves every sequence as it was. Attention lives
+behind this interface: the contiguous cache answers with the NumPy spec, the
+paged arena with Numba kernels over its blocks. Swapping caches is the whole
+difference between the spec run and the fast run.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from refllm.errors import CacheCapacityError, UnknownSequenceError
+
+__all__ = ["CacheCapacityError", "CacheConfig", "CacheShape", "KVCache", "UnknownSequenceError"]
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """How to build a model's KV cache.
+
+    kind: ``"paged"`` (blocks in flat arrays, Numba attention) or
+        ``"contiguous"`` (one growing array per sequence, NumPy spec attention).
+    block_size: tokens per block (paged only).
+    num_blocks: blocks in the arena (paged only); ``None`` sizes it from ``max_bytes``.
+    max_bytes: memory budget for keys and values; ``None`` takes the default budget.
+    prefix_caching: reuse full blocks of identical prompt prefixes (paged only).
+    """
+
+    kind: Literal["paged", "contiguous"] = "paged"
+    block_size: int = 16
+    num_blocks: int | None = None
+    max_bytes: int | None = None
+    prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("paged", "contiguous"):
+            raise ValueError(f"CacheConfig.kind must be 'paged' or 'contiguous', not {self.kind!r}")
+        if self.block_size < 1:
+            raise ValueError(f"CacheConfig.block_size must be at least 1, not {self.block_size}")
+        if self.num_blocks is not None and self.num_blocks < 1:
+            raise ValueError(f"CacheConfig.num_blocks must be at least 1, not {self.num_blocks}")
+        if self.max_bytes is not None and self.max_bytes < 1:
+            raise ValueError(f"CacheConfig.max_bytes must be positive, not {self.max_bytes}")
+
+
+@dataclass(frozen=True)
+class CacheShape:
+    """The per-token shape of what a cache stores: [layers, kv_heads, head_dim] float32."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+    @property
+    def bytes_per_token(self) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * 4  # keys and values, float32
+
+
+class KVCache(ABC):
+    """Keys and values of many sequences for every layer (see the module docstring)."""
+
+    shape: CacheShape
+
+    @abstractmethod
+    def sequence_ids(self) -> list[int]:
+        """Ids of the live sequences."""
+
+    @abstractmethod
+    def length(self, seq_id: int) -> int:
+        """Committed tokens of ``seq_id``; raises UnknownSequenceError for an unknown id."""
+
+    def __contains__(self, seq_id: int) -> bool:
+        return seq_id in self.sequence_ids()
+
+    @abstractmethod
+    def reserve(self, seq_ids: Sequence[int], num_new: int) -> None:
+        """Make room for ``num_new`` tokens after each sequence's length, creating unknown ids empty.
+
+        Raises CacheCapacityError, with nothing changed, when the room is not there.
+        """
+
+    @abstractmethod
+    def write(self, layer: int, seq_ids: Sequence[int], k: np.ndarray, v: np.ndarray) -> None:
+        """k, v: [B, T, K, E] for positions length .. length + T - 1 of each sequence."""
+
+    @abstractmethod
+    def attention(
+        self,
+        layer: int,
+        seq_ids: Sequence[int],
+        q: np.ndarray,
+        scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
+    ) -> np.ndarray:
+        """q: [B, T, H, E] at positions length + t -> [B, T, H, E], over every key up to its position."""
+
+    @abstractmethod
+    def commit(self, seq_ids: Sequence[int], num_new: int) -> None:
+        """Count the ``num_new`` written tokens in each sequence's length."""
+
+    @abstractmethod
+    def fork(self, src: int, dst: int) -> None:
+        """A new sequence ``dst`` holding the same tokens as ``src``."""
+
+    @abstractmethod
+    def truncate(self, seq_id: int, new_length: int) -> None:
+        """Roll ``seq_id`` back to its first ``new_length`` tokens."""
+
+    @abstractmethod
+    def free(self, seq_id: int) -> None:
+        """Forget ``seq_id`` and release its memory."""
+
+    def reset(self) -> None:
+        """Free every sequence."""
+        for seq_id in self.sequence_ids():
+            self.free(seq_id)
+
+    def _check_known(self, seq_id: int) -> None:
+        if seq_id not in self:
+            raise UnknownSequenceError(f"unknown sequence id {seq_id}")
+
+    def _check_truncate(self, seq_id: int, new_length: int) -> None:
+        length = self.length(seq_id)
+        if not 0 <= new_length <= length:
+            raise ValueError(f"cannot truncate sequence {seq_id} of length {length} to {new_length}")
+
+    def _check_fork(self, src: int, dst: int) -> None:
+        self._check_known(src)
+        if dst in self:
+            raise ValueError(f"cannot fork into sequence id {dst}: it already exists")

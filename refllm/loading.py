@@ -1,0 +1,28 @@
+"""The front door: ``refllm.load_model(path)`` picks the ModelSource and builds the model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from refllm.errors import InvalidInputError
+from refllm.models.contract import ModelSource
+from refllm.models.llama import LlamaFamilyModel
+
+
+class ModelNotFoundError(InvalidInputError):
+    """A path or name that names no model refllm can open."""
+
+
+def open_source(path: str | Path) -> ModelSource:
+    """A Hugging Face model directory -> its ModelSource."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        from refllm.io.safetensors import HFDirectorySource
+
+        return HFDirectorySource(path)
+    raise ModelNotFoundError(f"{path} is not a model directory (expected config.json and safetensors weights)")
+
+
+def load_model(path: str | Path) -> LlamaFamilyModel:
+    """Load a model from a Hugging Face directory."""
+    return LlamaFamilyModel.load(open_source(path))

@@ -1,0 +1,102 @@
+"""The model-level contracts: what a model offers, and where its weights come from.
+
+``GenerativeModel`` is what the runtime (and any backend checked against
+refllm) talks to. ``x`` is either token ids ``[B, T]`` (any integer dtype) or
+embeddings ``[B, T, D]`` float32, as returned by ``embed``; a cache holds the
+batch's sequences under ids ``0 .. B-1``; ``pos`` is the range of positions
+``x`` occupies, starting at the cache's length, so a prompt can arrive in
+chunks.
+
+``ModelSource`` is the seam between files and models: a config, named
+tensors in Hugging Face naming and layout (float32), and an optional
+tokenizer. ``refllm/io`` implements it for Hugging Face directories and GGUF
+files; a test can hand a model an ``InMemorySource``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from refllm.config import ModelConfig
+from refllm.kv.base import CacheConfig, KVCache
+
+
+@dataclass(frozen=True)
+class ModelMetadata:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    context_length: int
+    num_parameters: int
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    dtype: str = "float32"
+
+
+@runtime_checkable
+class GenerativeModel(Protocol):
+    supports_decode_all_logits: bool
+    supports_hidden_states: bool
+
+    @property
+    def metadata(self) -> ModelMetadata: ...
+
+    def create_kv_cache(self, config: CacheConfig | None = None) -> KVCache: ...
+
+    def embed(self, tokens: np.ndarray) -> np.ndarray:
+        """[B, T] int -> [B, T, D]."""
+
+    def embed_multimodal(self, tokens: np.ndarray, images: list[Any]) -> np.ndarray:
+        """[B, T] int, images -> [B, T, D]."""
+
+    def prefill(self, x: np.ndarray, cache: KVCache, pos: range) -> np.ndarray:
+        """x at positions ``pos`` -> logits of the last position, [B, V]."""
+
+    def decode(self, x: np.ndarray, cache: KVCache) -> np.ndarray:
+        """One new position per sequence -> [B, V]."""
+
+    def prefill_all_logits(self, x: np.ndarray, cache: KVCache, pos: range) -> np.ndarray:
+        """-> logits at every position, [B, T, V] (perplexity)."""
+
+    def decode_all_logits(self, x: np.ndarray, cache: KVCache) -> np.ndarray:
+        """n new positions -> [B, n, V] (speculative verification)."""
+
+    def prefill_hidden(self, x: np.ndarray, cache: KVCache, pos: range) -> np.ndarray:
+        """-> final hidden states (after the final norm), [B, T, D] (embeddings)."""
+
+
+class ModelSource(Protocol):
+    """Where a model's config, weights and tokenizer come from."""
+
+    config: ModelConfig
+    tokenizer: Any  # refllm.io.tokenizer.Tokenizer or None
+
+    def tensor_names(self) -> list[str]: ...
+
+    def tensor(self, name: str) -> np.ndarray:
+        """The named tensor as float32, in Hugging Face layout."""
+
+    def where(self, name: str | None) -> str:
+        """Where ``name`` (or, for None, the checkpoint) is stored, for error messages."""
+
+
+@dataclass
+class InMemorySource:
+    """A ModelSource over a dict of arrays: for tests and for models built in code."""
+
+    config: ModelConfig
+    tensors: dict[str, np.ndarray]
+    tokenizer: Any = None
+
+    def tensor_names(self) -> list[str]:
+        return list(self.tensors)
+
+    def tensor(self, name: str) -> np.ndarray:
+        return np.asarray(self.tensors[name], dtype=np.float32)
+
+    def where(self, name: str | None) -> str:
+        return "the in-memory checkpoint"

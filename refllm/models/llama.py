@@ -1,0 +1,234 @@
+"""LlamaFamilyModel: one forward pass for Llama, Mistral, Qwen2/3, Phi-3 and Gemma 3.
+
+The architectures differ only by flags in ``ModelConfig``; ``forward`` follows
+one token's path and each step is a call into ``refllm/nn``:
+
+    ids -> embed -> for each layer:
+                        norm -> q, k, v projections -> (q/k norm) -> RoPE
+                        -> write K/V into the cache -> attention over the cache
+                        -> output projection -> (post-attention norm) -> residual
+                        -> norm -> MLP -> (post-MLP norm) -> residual
+        -> final norm -> LM head -> (soft-cap) -> logits
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from refllm.config import ModelConfig
+from refllm.errors import ContextLengthError, InvalidInputError, PositionError, TokenOutOfRangeError
+from refllm.kv import CacheConfig, CacheShape, KVCache, create_cache
+from refllm.models.contract import ModelMetadata, ModelSource
+from refllm.models.weights import LayerWeights, ModelWeights, assemble
+from refllm.nn.embedding import embed
+from refllm.nn.linear import linear
+from refllm.nn.mlp import gated_mlp
+from refllm.nn.norm import rms_norm
+from refllm.nn.rope import RopeTable, apply_rope
+
+
+class LlamaFamilyModel:
+    """A decoder-only transformer whose weights and flags come from a ``ModelSource``."""
+
+    supports_decode_all_logits = True
+    supports_hidden_states = True
+
+    def __init__(self, config: ModelConfig, weights: ModelWeights, tokenizer: Any = None):
+        self.config = config
+        self.weights = weights
+        self.tokenizer = tokenizer
+        self.rope_tables = {
+            layer_type: RopeTable(params, config.head_dim, config.max_position_embeddings)
+            for layer_type, params in config.rope.items()
+        }
+
+    @classmethod
+    def load(cls, source: ModelSource | str | Path) -> LlamaFamilyModel:
+        """Build the model from a ModelSource, or from a path (a Hugging Face directory or a .gguf file)."""
+        if isinstance(source, (str, Path)):
+            from refllm.loading import open_source  # the path is a convenience; the seam is ModelSource
+
+            source = open_source(source)
+        return cls(source.config, assemble(source.config, source), source.tokenizer)
+
+    @property
+    def metadata(self) -> ModelMetadata:
+        c = self.config
+        return ModelMetadata(
+            architecture=c.model_type,
+            vocab_size=c.vocab_size,
+            hidden_size=c.hidden_size,
+            num_layers=c.num_hidden_layers,
+            context_length=c.context_length,
+            num_parameters=c.num_parameters,
+            bos_token_id=c.bos_token_id,
+            eos_token_ids=c.eos_token_ids,
+        )
+
+    @property
+    def cache_shape(self) -> CacheShape:
+        c = self.config
+        return CacheShape(c.num_hidden_layers, c.num_key_value_heads, c.head_dim)
+
+    def create_kv_cache(self, config: CacheConfig | None = None) -> KVCache:
+        return create_cache(self.cache_shape, config or CacheConfig(), self.config.context_length)
+
+    # ---- the public contract: validate, then run -------------------------------------------
+
+    def embed(self, tokens: np.ndarray) -> np.ndarray:
+        """tokens: [B, T] int -> [B, T, D]."""
+        tokens = self._check_tokens(tokens)
+        return embed(tokens, self.weights.embed_tokens, self.config.embedding_scale)
+
+    def embed_multimodal(self, tokens: np.ndarray, images: list[Any] | None) -> np.ndarray:
+        if images:
+            raise InvalidInputError(f"{self.config.model_type} is a text-only model; got {len(images)} image(s)")
+        return self.embed(tokens)
+
+    def prefill(self, x: np.ndarray, cache: KVCache, pos: range) -> np.ndarray:
+        """-> logits of the last position, [B, V]."""
+        hidden = self._run(x, cache, pos)
+        return self.logits(hidden[:, -1])
+
+    def decode(self, x: np.ndarray, cache: KVCache) -> np.ndarray:
+        """x: one position per sequence, [B, 1] ids or [B, 1, D] -> [B, V]."""
+        x = self._check_x(x)
+        if x.shape[1] != 1:
+            raise InvalidInputError(f"decode takes one position per sequence; x has {x.shape[1]}")
+        return self.prefill(x, cache, self._next_positions(cache, x))
+
+    def prefill_all_logits(self, x: np.ndarray, cache: KVCache, pos: range) -> np.ndarray:
+        """-> [B, T, V]."""
+        return self.logits(self._run(x, cache, pos))
+
+    def decode_all_logits(self, x: np.ndarray, cache: KVCache) -> np.ndarray:
+        """x: n new positions per sequence -> [B, n, V]."""
+        x = self._check_x(x)
+        return self.prefill_all_logits(x, cache, self._next_positions(cache, x))
+
+    def prefill_hidden(self, x: np.ndarray, cache: KVCache, pos: range) -> np.ndarray:
+        """-> final hidden states, [B, T, D]."""
+        return self._run(x, cache, pos)
+
+    def _run(self, x: np.ndarray, cache: KVCache, pos: range) -> np.ndarray:
+        x = self._check_x(x)
+        seq_ids = list(range(x.shape[0]))
+        self._check_positions(cache, seq_ids, x.shape[1], pos)
+        if np.issubdtype(x.dtype, np.integer):
+            x = embed(x, self.weights.embed_tokens, self.config.embedding_scale)
+        return self.forward(x, cache, seq_ids)
+
+    # ---- the forward pass: no checks below this line -----------------------------------------
+
+    def forward(self, x: np.ndarray, cache: KVCache, seq_ids: list[int]) -> np.ndarray:
+        """x: [B, T, D] embeddings of row b at positions cache.length(b) .. + T -> final hidden [B, T, D]."""
+        num_new = x.shape[1]
+        starts = np.array([cache.length(s) if s in cache else 0 for s in seq_ids])
+        positions = starts[:, None] + np.arange(num_new)  # [B, T]
+        cache.reserve(seq_ids, num_new)
+        for layer, weights in enumerate(self.weights.layers):
+            x = self.decoder_layer(layer, weights, x, positions, cache, seq_ids)
+        cache.commit(seq_ids, num_new)
+        return self._norm(x, self.weights.norm)
+
+    def decoder_layer(
+        self, layer: int, w: LayerWeights, x: np.ndarray, positions: np.ndarray, cache: KVCache, seq_ids: list[int]
+    ) -> np.ndarray:
+        """x: [B, T, D] -> [B, T, D]."""
+        sandwich = self.config.sandwich_norms
+        h = self.self_attention(layer, w, self._norm(x, w.input_layernorm), positions, cache, seq_ids)
+        if sandwich:  # Gemma normalises the attention output before the residual add
+            h = self._norm(h, w.post_attention_layernorm)
+        x = x + h
+        # Llama's post_attention_layernorm is the pre-MLP norm; Gemma names it pre_feedforward_layernorm.
+        h = self._norm(x, w.pre_feedforward_layernorm if sandwich else w.post_attention_layernorm)
+        h = gated_mlp(
+            h, w.gate_proj, w.up_proj, w.down_proj, self.config.hidden_act,
+            w.gate_proj_bias, w.up_proj_bias, w.down_proj_bias,
+        )  # fmt: skip
+        if sandwich:
+            h = self._norm(h, w.post_feedforward_layernorm)
+        return x + h
+
+    def self_attention(
+        self, layer: int, w: LayerWeights, x: np.ndarray, positions: np.ndarray, cache: KVCache, seq_ids: list[int]
+    ) -> np.ndarray:
+        """x: [B, T, D] (normed) -> attention output projected back to [B, T, D]."""
+        c = self.config
+        B, T, _ = x.shape
+        q = linear(x, w.q_proj, w.q_proj_bias).reshape(B, T, c.num_attention_heads, c.head_dim)
+        k = linear(x, w.k_proj, w.k_proj_bias).reshape(B, T, c.num_key_value_heads, c.head_dim)
+        v = linear(x, w.v_proj, w.v_proj_bias).reshape(B, T, c.num_key_value_heads, c.head_dim)
+        if c.qk_norm:
+            q, k = self._norm(q, w.q_norm), self._norm(k, w.k_norm)
+        cos, sin = self.rope_tables[c.layer_types[layer]].lookup(positions)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        cache.write(layer, seq_ids, k, v)
+        out = cache.attention(
+            layer, seq_ids, q, c.attention_scale, c.window_for_layer(layer), c.attn_logit_softcapping
+        )  # [B, T, H, E]
+        return linear(out.reshape(B, T, -1), w.o_proj, w.o_proj_bias)
+
+    def logits(self, hidden: np.ndarray) -> np.ndarray:
+        """hidden: [..., D] (after the final norm) -> [..., V]."""
+        logits = linear(hidden, self.weights.lm_head)
+        cap = self.config.final_logit_softcapping
+        if cap is not None:
+            logits = np.float32(cap) * np.tanh(logits / np.float32(cap))
+        return logits
+
+    def _norm(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        return rms_norm(x, weight, self.config.rms_norm_eps, self.config.norm_weight_offset)
+
+    # ---- validation -----------------------------------------------------------------------------
+
+    def _check_tokens(self, tokens: Any) -> np.ndarray:
+        tokens = np.asarray(tokens)
+        if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer):
+            raise InvalidInputError(
+                f"tokens must be an integer array [batch, seq]; got {tokens.dtype} of shape {tokens.shape}"
+            )
+        bad = (tokens < 0) | (tokens >= self.config.vocab_size)
+        if bad.any():
+            raise TokenOutOfRangeError(
+                f"token id {tokens[bad][0]} is outside the vocabulary [0, {self.config.vocab_size})"
+            )
+        return tokens
+
+    def _check_x(self, x: Any) -> np.ndarray:
+        x = np.asarray(x)
+        D = self.config.hidden_size
+        if x.ndim == 2 and np.issubdtype(x.dtype, np.integer):
+            x = self._check_tokens(x)
+        elif not (x.ndim == 3 and x.dtype == np.float32 and x.shape[2] == D):
+            raise InvalidInputError(
+                f"x must be token ids [batch, seq] of an integer dtype or embeddings [batch, seq, {D}] float32;"
+                f" got {x.dtype} of shape {x.shape}"
+            )
+        if x.shape[0] < 1 or x.shape[1] < 1:
+            raise InvalidInputError(f"x must hold at least one position of one sequence; got shape {x.shape}")
+        return x
+
+    def _next_positions(self, cache: KVCache, x: np.ndarray) -> range:
+        start = cache.length(0) if 0 in cache else 0
+        return range(start, start + x.shape[1])
+
+    def _check_positions(self, cache: KVCache, seq_ids: list[int], num_new: int, pos: range) -> None:
+        if not isinstance(pos, range) or pos.step != 1:
+            raise PositionError(f"pos must be a range with step 1; got {pos!r}")
+        if len(pos) != num_new:
+            raise PositionError(f"pos {pos} covers {len(pos)} positions but x has {num_new}")
+        live = sorted(cache.sequence_ids())
+        if live and live != seq_ids:
+            raise InvalidInputError(
+                f"the cache holds sequences {live}; a batch of {len(seq_ids)} uses ids {seq_ids}"
+            )
+        for seq_id in seq_ids:
+            length = cache.length(seq_id) if live else 0
+            if pos.start != length:
+                raise PositionError(f"pos starts at {pos.start} but the cache holds {length} positions")
+        if pos.stop > self.config.context_length:
+            raise ContextLengthError(f"position {pos.stop - 1} is past the context length {self.config.context_length}")

@@ -1,0 +1,191 @@
+"""Weights by their Hugging Face names, checked against the config, quirks undone once.
+
+``checkpoint_shapes(config)`` is the weight-name map: every tensor a checkpoint
+of this architecture holds, with its shape. ``assemble`` reads them through a
+``ModelSource``, refuses a checkpoint that disagrees, and splits Phi-3's fused
+projections so the forward pass sees one layout for every architecture.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from refllm.config import ModelConfig
+from refllm.errors import MissingTensorError, WeightError
+
+
+@dataclass
+class LayerWeights:
+    """One decoder layer. Projections are [out, in], as checkpoints store them."""
+
+    input_layernorm: np.ndarray  # [D]
+    post_attention_layernorm: np.ndarray  # [D]
+    q_proj: np.ndarray  # [H*E, D]
+    k_proj: np.ndarray  # [K*E, D]
+    v_proj: np.ndarray  # [K*E, D]
+    o_proj: np.ndarray  # [D, H*E]
+    gate_proj: np.ndarray  # [F, D]
+    up_proj: np.ndarray  # [F, D]
+    down_proj: np.ndarray  # [D, F]
+    q_proj_bias: np.ndarray | None = None
+    k_proj_bias: np.ndarray | None = None
+    v_proj_bias: np.ndarray | None = None
+    o_proj_bias: np.ndarray | None = None
+    gate_proj_bias: np.ndarray | None = None
+    up_proj_bias: np.ndarray | None = None
+    down_proj_bias: np.ndarray | None = None
+    q_norm: np.ndarray | None = None  # [E]
+    k_norm: np.ndarray | None = None  # [E]
+    pre_feedforward_layernorm: np.ndarray | None = None  # [D], Gemma's sandwich norms
+    post_feedforward_layernorm: np.ndarray | None = None
+
+
+@dataclass
+class ModelWeights:
+    embed_tokens: np.ndarray  # [V, D]
+    norm: np.ndarray  # [D]
+    lm_head: np.ndarray  # [V, D]; the same array as embed_tokens when tied
+    layers: list[LayerWeights]
+
+    def nbytes(self) -> int:
+        arrays = {id(a): a for a in _all_arrays(self)}
+        return sum(a.nbytes for a in arrays.values())
+
+
+def _all_arrays(weights: ModelWeights) -> list[np.ndarray]:
+    arrays = [weights.embed_tokens, weights.norm, weights.lm_head]
+    for layer in weights.layers:
+        arrays += [a for a in vars(layer).values() if a is not None]
+    return arrays
+
+
+def checkpoint_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor name (Hugging Face spelling) of a checkpoint for ``config``, with its shape."""
+    D, F, V, E = config.hidden_size, config.intermediate_size, config.vocab_size, config.head_dim
+    H, K = config.num_attention_heads, config.num_key_value_heads
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (V, D), "model.norm.weight": (D,)}
+    if not config.tie_word_embeddings:
+        shapes["lm_head.weight"] = (V, D)
+    for i in range(config.num_hidden_layers):
+        attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        if config.fused_qkv:
+            shapes[attn + "qkv_proj.weight"] = ((H + 2 * K) * E, D)
+        else:
+            shapes |= {attn + "q_proj.weight": (H * E, D), attn + "k_proj.weight": (K * E, D)}
+            shapes[attn + "v_proj.weight"] = (K * E, D)
+        shapes[attn + "o_proj.weight"] = (D, H * E)
+        if config.qkv_bias:
+            shapes |= {attn + "q_proj.bias": (H * E,), attn + "k_proj.bias": (K * E,), attn + "v_proj.bias": (K * E,)}
+        if config.o_proj_bias:
+            shapes[attn + "o_proj.bias"] = (D,)
+        if config.qk_norm:
+            shapes |= {attn + "q_norm.weight": (E,), attn + "k_norm.weight": (E,)}
+        if config.fused_gate_up:
+            shapes[mlp + "gate_up_proj.weight"] = (2 * F, D)
+        else:
+            shapes |= {mlp + "gate_proj.weight": (F, D), mlp + "up_proj.weight": (F, D)}
+        shapes[mlp + "down_proj.weight"] = (D, F)
+        if config.mlp_bias:
+            shapes |= {mlp + "gate_proj.bias": (F,), mlp + "up_proj.bias": (F,), mlp + "down_proj.bias": (D,)}
+        norms = ["input_layernorm", "post_attention_layernorm"]
+        if config.sandwich_norms:
+            norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+        for norm in norms:
+            shapes[f"model.layers.{i}.{norm}.weight"] = (D,)
+    return shapes
+
+
+# Tensors a checkpoint may carry that a text-only forward pass does not use.
+_IGNORED_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
+# Wrappers around the language model in multimodal checkpoints (Gemma 3): old and new spellings.
+_WRAPPERS = {"language_model.model.": "model.", "model.language_model.": "model.", "language_model.lm_head.": "lm_head."}
+
+
+def canonical_name(name: str) -> str | None:
+    """The Hugging Face text-model name of a checkpoint tensor, or None if it is not used."""
+    if name.startswith(_IGNORED_PREFIXES) or name.endswith("rotary_emb.inv_freq"):
+        return None
+    for wrapper, plain in _WRAPPERS.items():
+        if name.startswith(wrapper):
+            return plain + name[len(wrapper) :]
+    return name
+
+
+def assemble(config: ModelConfig, source) -> ModelWeights:
+    """Read every tensor ``config`` calls for from ``source`` (a ModelSource), checking names and shapes."""
+    expected = checkpoint_shapes(config)
+    available = {}
+    for stored in source.tensor_names():
+        name = canonical_name(stored)
+        if name is not None:
+            available[name] = stored
+    optional = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    unexpected = sorted(set(available) - set(expected) - optional)
+    if unexpected:
+        raise WeightError(
+            f"unexpected tensor {available[unexpected[0]]!r} in {source.where(available[unexpected[0]])}"
+            f" ({len(unexpected)} unexpected in all) for a {config.model_type} config"
+        )
+    tensors: dict[str, np.ndarray] = {}
+    for name, shape in expected.items():
+        if name not in available:
+            raise MissingTensorError(f"tensor {name!r} (shape {shape}) is missing from {source.where(None)}")
+        array = source.tensor(available[name])
+        if tuple(array.shape) != shape:
+            raise WeightError(
+                f"tensor {available[name]!r} in {source.where(available[name])} has shape {tuple(array.shape)};"
+                f" config.json implies {shape}"
+            )
+        tensors[name] = array
+    return _from_tensors(config, tensors)
+
+
+def _from_tensors(config: ModelConfig, tensors: dict[str, np.ndarray]) -> ModelWeights:
+    H, K, E, F = config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.intermediate_size
+    layers = []
+    for i in range(config.num_hidden_layers):
+        prefix = f"model.layers.{i}."
+
+        def get(suffix: str) -> np.ndarray | None:
+            return tensors.get(prefix + suffix)
+
+        if config.fused_qkv:
+            # Phi-3: rows [q | k | v] of one projection; row slices are views, no copy.
+            qkv = get("self_attn.qkv_proj.weight")
+            q, k, v = qkv[: H * E], qkv[H * E : (H + K) * E], qkv[(H + K) * E :]
+        else:
+            q, k, v = get("self_attn.q_proj.weight"), get("self_attn.k_proj.weight"), get("self_attn.v_proj.weight")
+        if config.fused_gate_up:
+            gate_up = get("mlp.gate_up_proj.weight")  # rows [gate | up]
+            gate, up = gate_up[:F], gate_up[F:]
+        else:
+            gate, up = get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")
+        layers.append(
+            LayerWeights(
+                input_layernorm=get("input_layernorm.weight"),
+                post_attention_layernorm=get("post_attention_layernorm.weight"),
+                q_proj=q,
+                k_proj=k,
+                v_proj=v,
+                o_proj=get("self_attn.o_proj.weight"),
+                gate_proj=gate,
+                up_proj=up,
+                down_proj=get("mlp.down_proj.weight"),
+                q_proj_bias=get("self_attn.q_proj.bias"),
+                k_proj_bias=get("self_attn.k_proj.bias"),
+                v_proj_bias=get("self_attn.v_proj.bias"),
+                o_proj_bias=get("self_attn.o_proj.bias"),
+                gate_proj_bias=get("mlp.gate_proj.bias"),
+                up_proj_bias=get("mlp.up_proj.bias"),
+                down_proj_bias=get("mlp.down_proj.bias"),
+                q_norm=get("self_attn.q_norm.weight"),
+                k_norm=get("self_attn.k_norm.weight"),
+                pre_feedforward_layernorm=get("pre_feedforward_layernorm.weight"),
+                post_feedforward_layernorm=get("post_feedforward_layernorm.weight"),
+            )
+        )
+    embed = tensors["model.embed_tokens.weight"]
+    lm_head = embed if config.tie_word_embeddings else tensors["lm_head.weight"]
+    return ModelWeights(embed_tokens=embed, norm=tensors["model.norm.weight"], lm_head=lm_head, layers=layers)

@@ -1,0 +1,9 @@
+"""The spec: every layer of a decoder-only transformer in plain NumPy.
+
+One concept per module, no state, no refllm imports beyond ``config``.
+Shapes use one legend throughout refllm:
+
+    B batch   T tokens in this step   S keys in the cache   D hidden size
+    H query heads   K KV heads   E head dim   R rotary dims (<= E)
+    F MLP size   V vocabulary
+"""

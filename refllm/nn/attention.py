@@ -1,0 +1,59 @@
+"""Scaled dot-product attention with a causal (and optionally sliding) mask.
+
+For a query at position p and the keys at positions j = 0 .. S-1:
+
+    score[h, j] = scale * q[h] . k[g(h), j]                 g(h) = h // (H / K)
+    score[h, j] = cap * tanh(score[h, j] / cap)             (optional soft-capping)
+    score[h, j] = -inf   unless  j <= p  and  p - j < W     (causal, sliding window W)
+    out[h]      = sum_j softmax(score[h])[j] * v[g(h), j]
+
+Grouped-query attention is the integer divide in g(h): H query heads share K
+key/value heads, H / K queries per group (multi-head attention is K = H).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def attention_mask(query_positions: np.ndarray, num_keys: int, window: int | None = None) -> np.ndarray:
+    """query_positions: [T] -> allowed: [T, S] bool (True where the query may look)."""
+    key_positions = np.arange(num_keys)
+    distance = query_positions[:, None] - key_positions[None, :]  # [T, S]
+    allowed = distance >= 0
+    if window is not None:
+        allowed &= distance < window
+    return allowed
+
+
+def softmax(scores: np.ndarray, axis: int = -1) -> np.ndarray:
+    """exp(x - max) / sum(exp(x - max)): the max is subtracted so exp never overflows."""
+    shifted = scores - np.max(scores, axis=axis, keepdims=True)
+    weights = np.exp(shifted)
+    return weights / np.sum(weights, axis=axis, keepdims=True)
+
+
+def attention(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    query_positions: np.ndarray,
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
+) -> np.ndarray:
+    """q: [T, H, E], k/v: [S, K, E] (keys at positions 0..S-1), query_positions: [T] -> [T, H, E]."""
+    num_heads, num_kv_heads = q.shape[1], k.shape[1]
+    group = num_heads // num_kv_heads
+    k = np.repeat(k, group, axis=1)  # [S, H, E]: query head h reads KV head h // group
+    v = np.repeat(v, group, axis=1)
+
+    q_by_head = q.transpose(1, 0, 2)  # [H, T, E]
+    scores = (q_by_head @ k.transpose(1, 2, 0)) * np.float32(scale)  # [H, T, E] @ [H, E, S] -> [H, T, S]
+    if softcap is not None:
+        scores = np.float32(softcap) * np.tanh(scores / np.float32(softcap))
+    allowed = attention_mask(query_positions, k.shape[0], window)  # [T, S]
+    scores = np.where(allowed[None], scores, -np.inf)
+    weights = softmax(scores)  # [H, T, S]
+    out = weights @ v.transpose(1, 0, 2)  # [H, T, S] @ [H, S, E] -> [H, T, E]
+    return out.transpose(1, 0, 2)  # [T, H, E]

@@ -1,0 +1,45 @@
+"""The gated MLP: SwiGLU (Llama, Qwen, Mistral, Phi-3) and GeGLU (Gemma).
+
+    mlp(x) = down( act(gate(x)) * up(x) )
+
+with act = SiLU for SwiGLU, and the tanh approximation of GELU for GeGLU.
+Phi-3 stores gate and up as one ``gate_up_proj``; refllm splits it at load, so
+the function below is the only MLP there is.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from refllm.nn.linear import linear
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """SiLU(x) = x * sigmoid(x) = x / (1 + exp(-x))."""
+    with np.errstate(over="ignore"):  # exp(-x) -> inf for very negative x gives the right limit, -0
+        return x / (np.float32(1.0) + np.exp(-x))
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU(x) ~= 0.5 x (1 + tanh( sqrt(2/pi) (x + 0.044715 x^3) ))."""
+    c = np.float32(np.sqrt(2.0 / np.pi))
+    return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(c * (x + np.float32(0.044715) * x * x * x)))
+
+
+ACTIVATIONS = {"silu": silu, "gelu_pytorch_tanh": gelu_tanh}
+
+
+def gated_mlp(
+    x: np.ndarray,
+    gate_proj: np.ndarray,
+    up_proj: np.ndarray,
+    down_proj: np.ndarray,
+    activation: str = "silu",
+    gate_bias: np.ndarray | None = None,
+    up_bias: np.ndarray | None = None,
+    down_bias: np.ndarray | None = None,
+) -> np.ndarray:
+    """x: [..., D], gate_proj/up_proj: [F, D], down_proj: [D, F] -> [..., D]."""
+    act = ACTIVATIONS[activation]
+    hidden = act(linear(x, gate_proj, gate_bias)) * linear(x, up_proj, up_bias)  # [..., F]
+    return linear(hidden, down_proj, down_bias)

@@ -1,0 +1,199 @@
+"""Reference outputs from Hugging Face transformers for every architecture refllm claims.
+
+Run ``python tests/hf_fixtures.py`` to regenerate ``tests/data/hf/``: for each
+case below it builds a tiny randomly initialised transformers model (float32,
+eager attention), saves it with ``save_pretrained`` and records, for a prompt
+longer than the sliding window, the logits at every position and a greedy
+continuation generated with transformers' KV cache. ``test_hf_parity.py``
+compares refllm against these files without torch, and against live
+transformers models built by the same functions when transformers is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+DATA = Path(__file__).parent / "data" / "hf"
+PROMPT_LEN = 24  # longer than every sliding window below (8)
+NEW_TOKENS = 32  # long enough for a wrong RoPE layout to turn into gibberish
+SEED = 1234
+
+_BASE = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    rms_norm_eps=1e-5,
+    initializer_range=0.1,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
+
+# name -> (transformers config class name, config overrides, dtype the weights are saved in)
+CASES: dict[str, tuple[str, dict, str]] = {
+    "llama": ("LlamaConfig", dict(rope_theta=10_000.0), "float32"),
+    "llama-bias-tied": ("LlamaConfig", dict(attention_bias=True, mlp_bias=True, tie_word_embeddings=True), "float32"),
+    "llama-linear-rope": ("LlamaConfig", dict(rope_scaling={"rope_type": "linear", "factor": 2.0}), "float32"),
+    "llama-dynamic-rope": (
+        "LlamaConfig",
+        dict(max_position_embeddings=16, rope_scaling={"rope_type": "dynamic", "factor": 4.0}),
+        "float32",
+    ),
+    "llama3-rope": (
+        "LlamaConfig",
+        dict(
+            rope_theta=500_000.0,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16,
+            },
+        ),
+        "float32",
+    ),
+    "llama-yarn-rope": (
+        "LlamaConfig",
+        dict(rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}),
+        "float32",
+    ),
+    "mistral": ("MistralConfig", dict(sliding_window=8, head_dim=16), "float32"),
+    "qwen2": ("Qwen2Config", dict(use_sliding_window=False, sliding_window=8), "bfloat16"),
+    "qwen2-sliding": ("Qwen2Config", dict(use_sliding_window=True, sliding_window=8, max_window_layers=1), "float32"),
+    "qwen3": ("Qwen3Config", dict(head_dim=24, tie_word_embeddings=True), "float16"),
+    "phi3": ("Phi3Config", dict(partial_rotary_factor=0.5, sliding_window=8), "float32"),
+    "gemma3_text": (
+        "Gemma3TextConfig",
+        dict(
+            head_dim=16,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"],
+            query_pre_attn_scalar=24,
+            rope_parameters={
+                "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+            },
+        ),
+        "float32",
+    ),
+    "gemma3_text-softcap": (
+        "Gemma3TextConfig",
+        dict(
+            head_dim=16,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"],
+            final_logit_softcapping=3.0,
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+            },
+        ),
+        "float32",
+    ),
+}
+
+# The long-standing config.json spellings of some cases, written next to the transformers 5 ones.
+LEGACY_CONFIGS: dict[str, dict] = {
+    "llama3-rope": dict(
+        rope_theta=500_000.0,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
+    ),
+    "gemma3_text-softcap": dict(
+        rope_theta=1_000_000.0,
+        rope_local_base_freq=10_000.0,
+        rope_scaling={"rope_type": "linear", "factor": 8.0},
+        sliding_window_pattern=2,
+    ),
+}
+
+
+def prompt_ids() -> np.ndarray:
+    """[1, PROMPT_LEN] token ids, deterministic."""
+    return np.random.default_rng(SEED).integers(3, _BASE["vocab_size"], size=(1, PROMPT_LEN))
+
+
+def build_hf_model(name: str):
+    """A transformers model for ``name``, randomly initialised from a fixed seed, float32 eager."""
+    import torch
+    import transformers
+
+    class_name, overrides, _ = CASES[name]
+    config = getattr(transformers, class_name)(**(_BASE | overrides))
+    config._attn_implementation = "eager"
+    torch.manual_seed(SEED)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
+    with torch.no_grad():
+        # transformers initialises norm weights to exactly 1 (0 for Gemma); perturb them so
+        # a norm applied the wrong way (w vs 1 + w) cannot pass unnoticed.
+        for param_name, param in model.named_parameters():
+            if "norm" in param_name or param_name.endswith(".bias"):
+                param.add_(torch.randn_like(param) * 0.1)
+    return model.eval()
+
+
+def hf_reference(model, ids: np.ndarray) -> dict[str, np.ndarray]:
+    """Full-sequence logits and a greedy continuation decoded through transformers' KV cache.
+
+    The loop is written out rather than calling ``generate``, whose default logits
+    processors (EOS suppression, for one) would change the argmax.
+    """
+    import torch
+
+    with torch.no_grad():
+        input_ids = torch.tensor(ids)
+        logits = model(input_ids).logits.float().numpy()
+        out = model(input_ids, use_cache=True)
+        greedy = []
+        for _ in range(NEW_TOKENS):
+            token = int(out.logits[0, -1].argmax())
+            greedy.append(token)
+            out = model(torch.tensor([[token]]), past_key_values=out.past_key_values, use_cache=True)
+    return {"input_ids": ids, "logits": logits, "greedy": np.array(greedy)}
+
+
+def write_case(name: str) -> None:
+    import torch
+
+    model = build_hf_model(name)
+    out = DATA / name
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[CASES[name][2]]
+    if dtype != torch.float32:
+        # Round the weights to the storage dtype first, so the reference is computed
+        # from exactly the weights refllm will read back (upcast to float32).
+        model = model.to(dtype).to(torch.float32)
+    reference = hf_reference(model, prompt_ids())
+    model.to(dtype).save_pretrained(out, safe_serialization=True)
+    np.savez_compressed(out / "reference.npz", **reference)
+    if name in LEGACY_CONFIGS:
+        config = json.loads((out / "config.json").read_text())
+        for key in ("rope_parameters", "layer_types"):
+            config.pop(key, None)
+        config |= LEGACY_CONFIGS[name]
+        (out / "config.legacy.json").write_text(json.dumps(config, indent=2))
+    for stray in ("generation_config.json",):
+        (out / stray).unlink(missing_ok=True)
+    print(f"{name}: logits {reference['logits'].shape}, greedy {reference['greedy'][:8]}...")
+
+
+def main(names: list[str]) -> None:
+    for name in names or list(CASES):
+        write_case(name)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
