@@ -23,6 +23,10 @@ def open_source(path: str | Path) -> ModelSource:
     raise ModelNotFoundError(f"{path} is not a model directory (expected config.json and safetensors weights)")
 
 
-def load_model(path: str | Path) -> LlamaFamilyModel:
-    """Load a model from a Hugging Face directory."""
-    return LlamaFamilyModel.load(open_source(path))
+def load_model(path_or_name: str | Path) -> LlamaFamilyModel:
+    """Load a model from a catalog name (pulled on first use), a .gguf file or a Hugging Face directory."""
+    from refllm import catalog
+
+    if isinstance(path_or_name, str) and path_or_name in catalog.CATALOG:
+        return LlamaFamilyModel.load(open_source(catalog.pull(path_or_name)))
+    return LlamaFamilyModel.load(open_source(path_or_name))
