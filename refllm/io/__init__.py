@@ -1,0 +1,1 @@
+"""The outside world: model files, tokenizers and chat templates."""
