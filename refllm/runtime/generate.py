@@ -15,7 +15,7 @@ def generate_stream(model, prompt_ids: list[int], params: SamplingParams) -> Ite
     cache = model.create_kv_cache()
     sampler = Sampler(params)
     eos = model.tokenizer.eos_token_ids if model.tokenizer is not None else model.config.eos_token_ids
-    stream = TextStream(model.tokenizer, params, tuple(eos))
+    stream = TextStream(model.tokenizer, params, tuple(eos), context=tuple(prompt_ids))
     logits = model.prefill(np.array([prompt_ids]), cache, range(len(prompt_ids)))[0]
     output: list[int] = []
     while True:

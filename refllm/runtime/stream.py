@@ -28,6 +28,7 @@ class TextStream:
     tokenizer: Tokenizer | None
     params: SamplingParams
     eos_token_ids: tuple[int, ...] = ()
+    context: tuple[int, ...] = ()  # prompt ids: decoding continues after them (keeps a leading space)
     tokens: list[int] = field(default_factory=list)
     text: str = ""  # everything emitted so far
     _held: str = ""
@@ -35,7 +36,9 @@ class TextStream:
 
     def __post_init__(self) -> None:
         if self.tokenizer is not None:
-            self._detokenizer = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=True)
+            self._detokenizer = IncrementalDetokenizer(
+                self.tokenizer, skip_special_tokens=True, context=self.context[-8:]
+            )
 
     def feed(self, token: int) -> StreamStep:
         stops = set(self.params.stop_token_ids)
