@@ -14,13 +14,19 @@ class ModelNotFoundError(InvalidInputError):
 
 
 def open_source(path: str | Path) -> ModelSource:
-    """A Hugging Face model directory -> its ModelSource."""
+    """A Hugging Face model directory or a .gguf file -> its ModelSource."""
     path = Path(path).expanduser()
     if path.is_dir():
         from refllm.io.safetensors import HFDirectorySource
 
         return HFDirectorySource(path)
-    raise ModelNotFoundError(f"{path} is not a model directory (expected config.json and safetensors weights)")
+    if path.suffix.lower() == ".gguf" and path.is_file():
+        from refllm.io.gguf import GGUFSource
+
+        return GGUFSource(path)
+    raise ModelNotFoundError(
+        f"{path} is neither a model directory (config.json and safetensors weights) nor a .gguf file"
+    )
 
 
 def load_model(path_or_name: str | Path) -> LlamaFamilyModel:

@@ -173,11 +173,13 @@ def write_case(name: str) -> None:
     out = DATA / name
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[CASES[name][2]]
     if dtype != torch.float32:
-        # Round the weights to the storage dtype first, so the reference is computed
-        # from exactly the weights refllm will read back (upcast to float32).
-        model = model.to(dtype).to(torch.float32)
+        # Round the weights (not the RoPE buffers) to the storage dtype first, so the
+        # reference is computed from exactly the weights refllm will read back.
+        with torch.no_grad():
+            for param in model.parameters():
+                param.copy_(param.to(dtype).to(torch.float32))
     reference = hf_reference(model, prompt_ids())
-    model.to(dtype).save_pretrained(out, safe_serialization=True)
+    model.to(dtype).save_pretrained(out, safe_serialization=True)  # buffers are not saved
     np.savez_compressed(out / "reference.npz", **reference)
     if name in LEGACY_CONFIGS:
         config = json.loads((out / "config.json").read_text())

@@ -1,0 +1,330 @@
+"""GGUF files as a ModelSource: llama.cpp's metadata, names and layouts turned back into Hugging Face's.
+
+``gguf.GGUFReader`` reads the container. This module maps what it finds onto
+what ``refllm/models`` expects from any checkpoint:
+
+- metadata (``llama.block_count``, ``tokenizer.ggml.bos_token_id``, ...) to the
+  keys of a Hugging Face ``config.json``, read by ``ModelConfig.from_hf``;
+- tensor names (``blk.3.attn_q.weight``) to Hugging Face names
+  (``model.layers.3.self_attn.q_proj.weight``);
+- every tensor, whatever its block format, to float32 (``refllm/quant``);
+- and back through the layout changes llama.cpp's converter
+  (``convert_hf_to_gguf.py``) made on the way in, in ``GGUFSource.tensor``:
+  the q/k row permutation of ``llama`` files and Gemma's norm weights stored
+  with 1 added. The other architectures here are stored as Hugging Face has them.
+
+Tensors are dequantized when ``tensor(name)`` asks for them, one at a time.
+Every refusal is a ``GGUFFileError`` naming the file and the problem.
+
+Dimension letters: H query heads, K KV heads, E head dim, D hidden size.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+
+from refllm.config import ConfigError, ModelConfig
+from refllm.errors import WeightError
+from refllm.io.gguf_tokenizer import MissingTokenizerKeyError, UnsupportedTokenizerError, tokenizer_from_gguf
+from refllm.quant.formats import FORMATS, dequantize
+
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", "gemma3")
+_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma3": "gemma3_text"}
+
+# Gemma 3 hyper-parameters its GGUF files do not carry. llama.cpp fixes the same values
+# when it loads a gemma3 file (src/llama-model.cpp, LLM_ARCH_GEMMA3), from the published
+# architecture (google/gemma_pytorch, gemma/config.py):
+GEMMA3_SLIDING_WINDOW_PATTERN = 6  # five sliding-window layers, then one global layer
+GEMMA3_LOCAL_ROPE_THETA = 10_000.0  # RoPE base of the sliding-window layers
+GEMMA3_27B_LAYERS = 62  # the 27B scales queries by (D / H)^-0.5; the others by E^-0.5
+
+
+class GGUFFileError(WeightError):
+    """A GGUF file refllm cannot load: unreadable, truncated or corrupt, or of an
+    architecture, tensor or tensor type it does not support."""
+
+
+class _Reader(gguf.GGUFReader):
+    """``gguf.GGUFReader`` slicing a plain ndarray view of its memory map.
+
+    The reader slices its map once per metadata value, and slicing an
+    ``np.memmap`` runs Python-level bookkeeping each time: for Gemma 3's
+    262144-token vocabulary that was 80% of the time to open the file.
+    The view shares the map's memory; nothing is read eagerly.
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "data" and isinstance(value, np.memmap):
+            value = value.view(np.ndarray)
+        super().__setattr__(name, value)
+
+
+# ---- the q/k row permutation of llama files -------------------------------------------------------
+
+
+def permute(weights: np.ndarray, n_heads: int) -> np.ndarray:
+    """Hugging Face rows -> GGUF rows of a q or k projection, as llama.cpp's converter permutes them.
+
+    weights: [n_heads * E, ...] (a projection [n_heads * E, D] or its bias [n_heads * E]);
+    n_heads is H for q and K for k. Hugging Face's RoPE rotates row i of a head
+    with row i + E/2 (rotate-half); llama.cpp's ``llama`` RoPE rotates rows 2i and
+    2i + 1. The converter interleaves each head's halves so the pairs stay pairs
+    (``LlamaModel.permute`` in ``convert_hf_to_gguf.py``).
+    """
+    E = weights.shape[0] // n_heads
+    by_half = weights.reshape(n_heads, 2, E // 2, *weights.shape[1:])  # [heads, half, i, ...]
+    return by_half.swapaxes(1, 2).reshape(weights.shape)
+
+
+def reverse_permute(weights: np.ndarray, n_heads: int) -> np.ndarray:
+    """GGUF rows -> Hugging Face rows: undoes ``permute``. Shapes as there."""
+    E = weights.shape[0] // n_heads
+    by_pair = weights.reshape(n_heads, E // 2, 2, *weights.shape[1:])  # [heads, i, half, ...]
+    return by_pair.swapaxes(1, 2).reshape(weights.shape)
+
+
+# ---- tensor names ------------------------------------------------------------------------------------
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+# blk.N.<gguf> -> model.layers.N.<hf>, after gguf-py's tensor_mapping.py.
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_qkv": "self_attn.qkv_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_norm": "post_attention_layernorm",  # Llama's pre-MLP norm
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_ARCHITECTURE_LAYER_NAMES = {
+    # Gemma's sandwich norms: its post_attention_layernorm follows attention, and the
+    # pre-MLP norm (GGUF's ffn_norm) is pre_feedforward_layernorm.
+    "gemma3": {
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_attention_norm": "post_attention_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+    },
+    # Phi-3's fused [gate | up] projection is stored whole as ffn_up.
+    "phi3": {"ffn_up": "mlp.gate_up_proj"},
+}
+_LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+
+
+def hf_name(gguf_name: str, architecture: str) -> str | None:
+    """The Hugging Face name of GGUF tensor ``gguf_name``, or None if refllm has no such tensor."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    match = _LAYER_TENSOR.fullmatch(gguf_name)
+    if match is None:
+        return None
+    layer, short, kind = match.groups()
+    names = _LAYER_NAMES | _ARCHITECTURE_LAYER_NAMES.get(architecture, {})
+    return f"model.layers.{layer}.{names[short]}.{kind}" if short in names else None
+
+
+# ---- the source ------------------------------------------------------------------------------------
+
+
+class GGUFSource:
+    """A ModelSource for one GGUF file."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.reader = self._open()
+        self.architecture = self._architecture()
+        self._tensors = self._map_tensors()  # Hugging Face name -> gguf.ReaderTensor
+        try:
+            self.config = ModelConfig.from_hf(self._hf_config())
+        except ConfigError as e:
+            raise GGUFFileError(f"{self.path}: {e}") from None
+        self.tokenizer = self._tokenizer()
+
+    # ---- ModelSource ----
+
+    def tensor_names(self) -> list[str]:
+        return list(self._tensors)
+
+    def tensor(self, name: str) -> np.ndarray:
+        """The named tensor as float32 in Hugging Face layout, [out, in] for a projection."""
+        stored = self._tensors[name]
+        shape = tuple(int(n) for n in reversed(stored.shape))  # GGUF lists dimensions innermost first
+        return self._undo_conversion(name, dequantize(stored.data, stored.tensor_type.name, shape))
+
+    def where(self, name: str | None) -> str:
+        if name is None:
+            return str(self.path)
+        return f"{self.path} (GGUF tensor {self._tensors[name].name!r})"
+
+    # ---- what llama.cpp's converter changed ----
+
+    def _undo_conversion(self, name: str, weights: np.ndarray) -> np.ndarray:
+        c = self.config
+        if self.architecture == "llama":
+            # LlamaModel.modify_tensors permutes q_proj (weight and bias) with H heads and k_proj with K.
+            if ".self_attn.q_proj." in name:
+                return reverse_permute(weights, c.num_attention_heads)
+            if ".self_attn.k_proj." in name:
+                return reverse_permute(weights, c.num_key_value_heads)
+        if self.architecture == "gemma3" and name.endswith("norm.weight"):
+            # Gemma3Model.modify_tensors adds 1 to every tensor named *norm.weight (the layer norms,
+            # q_norm, k_norm and the final norm) so llama.cpp can multiply by w; refllm applies (1 + w).
+            return weights - np.float32(1.0)
+        return weights
+
+    # ---- reading the file ----
+
+    def _open(self) -> gguf.GGUFReader:
+        if not self.path.is_file():
+            raise GGUFFileError(f"{self.path}: no such file")
+        try:
+            return _Reader(self.path)
+        except (ValueError, IndexError, KeyError, OverflowError) as e:
+            # gguf's reader fails on a truncated or corrupt file in whichever way its
+            # parsing happens to trip: a short read, an unknown type, undecodable text.
+            raise GGUFFileError(f"{self.path} is not a readable GGUF file (truncated or corrupt?): {e}") from None
+        except OSError as e:
+            raise GGUFFileError(f"{self.path} cannot be read: {e}") from None
+
+    def _value(self, key: str, default: Any = None) -> Any:
+        field = self.reader.fields.get(key)
+        return default if field is None else field.contents()
+
+    def _require(self, key: str) -> Any:
+        value = self._value(key)
+        if value is None:
+            raise GGUFFileError(f"{self.path} has no metadata key {key!r}, which a {self.architecture} model needs")
+        return value
+
+    def _architecture(self) -> str:
+        architecture = self._value("general.architecture")
+        if architecture is None:
+            raise GGUFFileError(f"{self.path} has no metadata key 'general.architecture'")
+        if architecture not in SUPPORTED_ARCHITECTURES:
+            raise GGUFFileError(
+                f"{self.path}: architecture {architecture!r} is not supported;"
+                f" supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        return architecture
+
+    def _map_tensors(self) -> dict[str, Any]:
+        tensors = {}
+        for stored in self.reader.tensors:
+            name = hf_name(stored.name, self.architecture)
+            if name is None:
+                raise GGUFFileError(
+                    f"{self.path}: tensor {stored.name!r} has no counterpart in refllm's {self.architecture} model"
+                )
+            if stored.tensor_type.name not in FORMATS:
+                raise GGUFFileError(
+                    f"{self.path}: tensor {stored.name!r} has type {stored.tensor_type.name}, which refllm cannot"
+                    f" dequantize; supported: {', '.join(FORMATS)}"
+                )
+            tensors[name] = stored
+        if "model.embed_tokens.weight" not in tensors or len(tensors["model.embed_tokens.weight"].shape) != 2:
+            raise GGUFFileError(f"{self.path} has no 2-D tensor 'token_embd.weight'")
+        return tensors
+
+    def _tokenizer(self):
+        if "tokenizer.ggml.model" not in self.reader.fields:
+            return None
+        try:
+            return tokenizer_from_gguf(self.reader)
+        except (UnsupportedTokenizerError, MissingTokenizerKeyError) as e:
+            raise GGUFFileError(f"{self.path}: its tokenizer cannot be built: {e}") from None
+
+    # ---- metadata -> config.json ----
+
+    def _hf_config(self) -> dict[str, Any]:
+        """The file's hyper-parameters under Hugging Face ``config.json`` keys.
+
+        The GGUF keys are llama.cpp's (``src/llama-arch.cpp``), prefixed with the architecture.
+        """
+        arch = self.architecture
+
+        def key(name: str) -> str:
+            return f"{arch}.{name}"
+
+        hidden_size = int(self._require(key("embedding_length")))
+        num_heads = int(self._require(key("attention.head_count")))
+        head_dim = int(self._value(key("attention.key_length"), hidden_size // num_heads))
+        value_dim = int(self._value(key("attention.value_length"), head_dim))
+        if value_dim != head_dim:
+            raise GGUFFileError(f"{self.path}: key length {head_dim} and value length {value_dim} differ")
+        config: dict[str, Any] = dict(
+            model_type=_MODEL_TYPES[arch],
+            vocab_size=int(self._tensors["model.embed_tokens.weight"].shape[-1]),  # token_embd is [D, V] in GGUF
+            hidden_size=hidden_size,
+            intermediate_size=int(self._require(key("feed_forward_length"))),
+            num_hidden_layers=int(self._require(key("block_count"))),
+            num_attention_heads=num_heads,
+            num_key_value_heads=int(self._value(key("attention.head_count_kv"), num_heads)),
+            head_dim=head_dim,
+            max_position_embeddings=int(self._require(key("context_length"))),
+            rms_norm_eps=float(self._require(key("attention.layer_norm_rms_epsilon"))),
+            rope_theta=float(self._value(key("rope.freq_base"), 10_000.0)),  # llama.cpp's default
+            rope_scaling=self._rope_scaling(key),
+            tie_word_embeddings="lm_head.weight" not in self._tensors,  # llama.cpp reuses token_embd
+            attention_bias="model.layers.0.self_attn.q_proj.bias" in self._tensors,
+            mlp_bias="model.layers.0.mlp.up_proj.bias" in self._tensors,
+            bos_token_id=self._value("tokenizer.ggml.bos_token_id"),
+            eos_token_id=self._end_of_generation_ids(),
+        )
+        original_context = self._value(key("rope.scaling.original_context_length"))
+        if original_context is not None:
+            config["original_max_position_embeddings"] = int(original_context)
+        rotary_dims = self._value(key("rope.dimension_count"))
+        if rotary_dims is not None:
+            config["partial_rotary_factor"] = int(rotary_dims) / head_dim
+        window = self._value(key("attention.sliding_window")) or None  # 0 means none (Phi-4)
+        if arch == "phi3":
+            config["sliding_window"] = window
+        if arch == "gemma3":
+            config |= self._gemma3(window, hidden_size, num_heads, head_dim)
+        return config
+
+    def _rope_scaling(self, key) -> dict[str, Any] | None:
+        kind = self._value(key("rope.scaling.type"), "none")
+        if kind == "none":
+            return None
+        if kind not in ("linear", "yarn"):
+            raise GGUFFileError(f"{self.path}: rope scaling type {kind!r} is not supported; supported: linear, yarn")
+        return {"rope_type": kind, "factor": float(self._require(key("rope.scaling.factor")))}
+
+    def _end_of_generation_ids(self) -> list[int]:
+        """EOS, then the end-of-turn/-message tokens llama.cpp also stops on, when the file names them."""
+        ids = [self._value(f"tokenizer.ggml.{kind}_token_id") for kind in ("eos", "eot", "eom")]
+        return list(dict.fromkeys(int(i) for i in ids if i is not None))
+
+    def _gemma3(self, window: int | None, hidden_size: int, num_heads: int, head_dim: int) -> dict[str, Any]:
+        layers = int(self._require("gemma3.block_count"))
+        if window is None:  # newer converters omit the window of a model without one
+            layer_types = ["full_attention"] * layers
+        else:
+            pattern = GEMMA3_SLIDING_WINDOW_PATTERN
+            layer_types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
+        config: dict[str, Any] = dict(
+            layer_types=layer_types,
+            rope_local_base_freq=GEMMA3_LOCAL_ROPE_THETA,
+            query_pre_attn_scalar=hidden_size // num_heads if layers == GEMMA3_27B_LAYERS else head_dim,
+            hidden_activation="gelu_pytorch_tanh",
+        )
+        if window is not None:
+            config["sliding_window"] = window
+        softcap = self._value("gemma3.final_logit_softcapping")
+        if softcap:
+            config["final_logit_softcapping"] = float(softcap)
+        return config

@@ -1,0 +1,386 @@
+"""GGUFSource: metadata, names and converter quirks mapped back to Hugging Face's, and refusals.
+
+The Hugging Face fixtures of ``tests/data/hf`` are converted to GGUF here the
+way llama.cpp's ``convert_hf_to_gguf.py`` converts a checkpoint: its metadata
+keys, gguf's own tensor-name map, the q/k row permutation of ``llama`` files
+and the +1 on Gemma's norm weights. Loading the result must give back the
+model that transformers' reference outputs were recorded from.
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import refllm
+from refllm import CacheConfig, LlamaFamilyModel, ModelConfig
+from refllm.errors import MissingTensorError, WeightError
+from refllm.io.gguf import (
+    GEMMA3_LOCAL_ROPE_THETA,
+    GGUFFileError,
+    GGUFSource,
+    hf_name,
+    permute,
+    reverse_permute,
+)
+from refllm.io.safetensors import HFDirectorySource
+from refllm.loading import ModelNotFoundError
+from tests.hf_fixtures import DATA, NEW_TOKENS
+
+GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma3_text": "gemma3"}
+# Fixtures whose every hyper-parameter a GGUF file can carry, with the tensor type to store them in
+# (the dtype the fixture's safetensors hold, so storing loses nothing).
+EXACT_CASES = {
+    "llama": "F32",
+    "llama-bias-tied": "F32",
+    "llama-linear-rope": "F32",
+    "qwen2": "BF16",
+    "qwen3": "F16",
+    "phi3": "F32",
+}
+GEMMA_CASES = ["gemma3_text", "gemma3_text-softcap"]
+ATOL = RTOL = 1e-4
+
+
+# ---- a converter that does what convert_hf_to_gguf.py does -------------------------------------------
+
+
+def convert(case: str, path, tensor_type: str = "F32", *, skip: tuple[str, ...] = (), extra=None):
+    """Write the Hugging Face fixture ``case`` as a GGUF file at ``path``, as llama.cpp would."""
+    source = HFDirectorySource(DATA / case)
+    c = source.config
+    arch = GGUF_ARCHITECTURES[c.model_type]
+    writer = gguf.GGUFWriter(path, arch)
+    writer.add_context_length(c.max_position_embeddings)
+    writer.add_embedding_length(c.hidden_size)
+    writer.add_feed_forward_length(c.intermediate_size)
+    writer.add_block_count(c.num_hidden_layers)
+    writer.add_head_count(c.num_attention_heads)
+    writer.add_head_count_kv(c.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(c.rms_norm_eps)
+    writer.add_key_length(c.head_dim)
+    writer.add_value_length(c.head_dim)
+    writer.add_bos_token_id(c.bos_token_id)
+    writer.add_eos_token_id(c.eos_token_ids[0])
+    global_rope = c.rope["full_attention"] if "full_attention" in c.rope else next(iter(c.rope.values()))
+    writer.add_rope_freq_base(global_rope.theta)
+    if global_rope.rope_type == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(global_rope.factor)
+    if arch != "gemma3":
+        writer.add_rope_dimension_count(int(c.head_dim * global_rope.partial_rotary_factor))
+    if arch == "phi3":
+        writer.add_rope_scaling_orig_ctx_len(global_rope.original_max_position_embeddings)
+    if arch in ("phi3", "gemma3"):
+        writer.add_sliding_window(c.sliding_window or 0)
+    if c.final_logit_softcapping:
+        writer.add_final_logit_softcapping(c.final_logit_softcapping)
+    for key, value in (extra or {}).items():
+        writer.add_string(key, value) if isinstance(value, str) else writer.add_uint32(key, value)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], c.num_hidden_layers)
+    for name in source.tensor_names():
+        gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        if gguf_name in skip:
+            continue
+        data, kwargs = _stored(_converted(arch, c, name, source.tensor(name)), tensor_type)
+        writer.add_tensor(gguf_name, data, **kwargs)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _converted(arch: str, c: ModelConfig, name: str, weights: np.ndarray) -> np.ndarray:
+    """What convert_hf_to_gguf.py's modify_tensors does to a tensor before storing it."""
+    if arch == "llama" and ".q_proj." in name:
+        return permute(weights, c.num_attention_heads)  # LlamaModel.permute(data, n_head, n_head)
+    if arch == "llama" and ".k_proj." in name:
+        return permute(weights, c.num_key_value_heads)  # LlamaModel.permute(data, n_head, n_kv_head)
+    if arch == "gemma3" and name.endswith("norm.weight"):
+        return weights + np.float32(1.0)  # Gemma3Model: data_torch + 1
+    return weights
+
+
+def _stored(weights: np.ndarray, tensor_type: str) -> tuple[np.ndarray, dict]:
+    """The array and add_tensor arguments that store ``weights`` as ``tensor_type`` (1-D tensors stay F32)."""
+    weights = np.ascontiguousarray(weights, dtype=np.float32)
+    if weights.ndim == 1 or tensor_type == "F32":
+        return (weights, {})
+    if tensor_type == "F16":
+        return (weights.astype(np.float16), {})
+    qtype = gguf.GGMLQuantizationType[tensor_type]
+    return (gguf.quants.quantize(weights, qtype), {"raw_dtype": qtype})
+
+
+def greedy(model, ids: np.ndarray, new_tokens: int) -> list[int]:
+    cache = model.create_kv_cache(CacheConfig(kind="contiguous"))
+    logits = model.prefill(ids, cache, range(0, ids.shape[1]))
+    tokens = []
+    for _ in range(new_tokens):
+        tokens.append(int(np.argmax(logits[0])))
+        logits = model.decode(np.array([[tokens[-1]]]), cache)
+    return tokens
+
+
+def all_logits(model, ids: np.ndarray) -> np.ndarray:
+    cache = model.create_kv_cache(CacheConfig(kind="contiguous"))
+    return model.prefill_all_logits(ids, cache, range(0, ids.shape[1]))
+
+
+# ---- round trips through the converter ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", list(EXACT_CASES))
+def test_converted_fixture_is_the_hugging_face_model(case, tmp_path):
+    model = refllm.load_model(convert(case, tmp_path / f"{case}.gguf", EXACT_CASES[case]))
+    hf_model = refllm.load_model(DATA / case)
+    # GGUF stores the epsilon as a float32; the norm computes in float32 either way.
+    eps = float(np.float32(hf_model.config.rms_norm_eps))
+    assert model.config == hf_model.config.with_overrides(rms_norm_eps=eps)
+    reference = np.load(DATA / case / "reference.npz")
+    ids = reference["input_ids"]
+    np.testing.assert_array_equal(all_logits(model, ids), all_logits(hf_model, ids))
+    if EXACT_CASES[case] == "F32":  # transformers' outputs were recorded from float32 weights
+        np.testing.assert_allclose(all_logits(model, ids), reference["logits"], ATOL, RTOL)
+        assert greedy(model, ids, NEW_TOKENS) == reference["greedy"].tolist()
+
+
+@pytest.mark.parametrize("case", list(EXACT_CASES) + GEMMA_CASES)
+def test_tensors_come_back_in_hugging_face_names_and_layout(case, tmp_path):
+    hf = HFDirectorySource(DATA / case)
+    source = GGUFSource(convert(case, tmp_path / f"{case}.gguf", "F32"))
+    assert sorted(source.tensor_names()) == sorted(hf.tensor_names())
+    for name in hf.tensor_names():
+        # Gemma's norms went through w + 1 - 1 in float32, which may round the last bit.
+        np.testing.assert_allclose(source.tensor(name), hf.tensor(name), rtol=0, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("case", GEMMA_CASES)
+def test_gemma3_takes_the_hyper_parameters_its_gguf_omits_from_the_architecture(case, tmp_path):
+    """Gemma 3 GGUFs carry no layer pattern, local RoPE base or query scale; llama.cpp's values apply."""
+    hf_config = HFDirectorySource(DATA / case).config
+    model = refllm.load_model(convert(case, tmp_path / f"{case}.gguf"))
+    c = model.config
+    assert c.layer_types == ("sliding_attention",) * 2  # every sixth layer is global; these two are not
+    assert c.rope["sliding_attention"].theta == GEMMA3_LOCAL_ROPE_THETA
+    assert c.rope["sliding_attention"].rope_type == "default"
+    assert c.rope["full_attention"] == hf_config.rope["full_attention"]  # incl. linear scaling (softcap case)
+    assert c.attention_scale == c.head_dim**-0.5  # query_pre_attn_scalar = head_dim below 27B
+    assert (c.norm_weight_offset, c.sandwich_norms, c.qk_norm) == (1.0, True, True)
+    assert c.embedding_scale == hf_config.embedding_scale
+    assert c.final_logit_softcapping == hf_config.final_logit_softcapping
+    assert c.tie_word_embeddings
+    # Everything else is the fixture's model: the same forward pass as its Hugging Face
+    # checkpoint run with the hyper-parameters the GGUF implies.
+    expected = LlamaFamilyModel.load(HFDirectorySource(DATA / case))
+    expected = LlamaFamilyModel(
+        hf_config.with_overrides(layer_types=c.layer_types, rope=c.rope, attention_scale=c.attention_scale),
+        expected.weights,
+    )
+    ids = np.load(DATA / case / "reference.npz")["input_ids"]
+    np.testing.assert_allclose(all_logits(model, ids), all_logits(expected, ids), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("tensor_type", ["Q8_0", "Q4_0", "BF16"])
+def test_quantized_tensors_load_as_their_dequantized_values(tensor_type, tmp_path):
+    source = GGUFSource(convert("qwen3", tmp_path / "q.gguf", tensor_type))
+    name = "model.layers.1.mlp.down_proj.weight"
+    raw = gguf.quants.quantize(HFDirectorySource(DATA / "qwen3").tensor(name), gguf.GGMLQuantizationType[tensor_type])
+    expected = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[tensor_type])
+    np.testing.assert_array_equal(source.tensor(name), expected)
+    assert source.tensor(name).dtype == np.float32
+
+
+def test_tied_embeddings_follow_from_a_missing_output_tensor(tmp_path):
+    untied = GGUFSource(convert("llama", tmp_path / "untied.gguf"))
+    tied = GGUFSource(convert("llama", tmp_path / "tied.gguf", skip=("output.weight",)))
+    assert not untied.config.tie_word_embeddings
+    assert tied.config.tie_word_embeddings and "lm_head.weight" not in tied.tensor_names()
+
+
+def test_end_of_generation_ids_gather_eos_eot_and_eom(tmp_path):
+    path = convert("llama", tmp_path / "m.gguf", extra={"tokenizer.ggml.eot_token_id": 7})
+    config = GGUFSource(path).config
+    assert (config.bos_token_id, config.eos_token_ids) == (1, (2, 7))
+
+
+def test_gguf_names_map_like_ggufs_own_tensor_map():
+    for arch, layer_names in [("llama", ["attn_q", "ffn_norm"]), ("gemma3", ["ffn_norm", "post_ffw_norm"])]:
+        names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], 4)
+        for short in layer_names:
+            hf = hf_name(f"blk.3.{short}.weight", arch)
+            assert names.get_name(hf, try_suffixes=(".weight",)) == f"blk.3.{short}.weight"
+    assert hf_name("rope_freqs.weight", "llama") is None
+
+
+# ---- the q/k permutation --------------------------------------------------------------------------------
+
+
+@st.composite
+def attention_shapes(draw):
+    kv_heads = draw(st.integers(1, 4))
+    heads = kv_heads * draw(st.integers(1, 4))  # GQA: H a multiple of K
+    return heads, kv_heads, 2 * draw(st.integers(1, 8)), draw(st.integers(1, 12))
+
+
+@settings(max_examples=60, deadline=None)
+@given(shapes=attention_shapes(), seed=st.integers(0, 2**32 - 1))
+def test_permute_then_reverse_permute_is_the_identity(shapes, seed):
+    heads, kv_heads, E, D = shapes
+    rng = np.random.default_rng(seed)
+    for n_heads in (heads, kv_heads):
+        for shape in ((n_heads * E, D), (n_heads * E,)):  # a projection and its bias
+            w = rng.standard_normal(shape).astype(np.float32)
+            np.testing.assert_array_equal(reverse_permute(permute(w, n_heads), n_heads), w)
+            np.testing.assert_array_equal(permute(reverse_permute(w, n_heads), n_heads), w)
+            if E > 2:
+                assert not np.array_equal(permute(w, n_heads), w)
+
+
+def _rope_rotate_half(x: np.ndarray, pos: np.ndarray, theta: float = 10_000.0) -> np.ndarray:
+    """x: [T, heads, E]: Hugging Face's RoPE, row i paired with i + E/2."""
+    E = x.shape[-1]
+    angles = pos[:, None, None] * theta ** (-np.arange(0, E, 2) / E)  # [T, 1, E/2]
+    first, second = x[..., : E // 2], x[..., E // 2 :]
+    cos, sin = np.cos(angles), np.sin(angles)
+    return np.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+
+
+def _rope_interleaved(x: np.ndarray, pos: np.ndarray, theta: float = 10_000.0) -> np.ndarray:
+    """x: [T, heads, E]: llama.cpp's ``llama`` RoPE, row 2i paired with 2i + 1."""
+    E = x.shape[-1]
+    angles = pos[:, None, None] * theta ** (-np.arange(0, E, 2) / E)
+    even, odd = x[..., 0::2], x[..., 1::2]
+    cos, sin = np.cos(angles), np.sin(angles)
+    return np.stack([even * cos - odd * sin, odd * cos + even * sin], axis=-1).reshape(x.shape)
+
+
+@settings(max_examples=30, deadline=None)
+@given(shapes=attention_shapes(), seed=st.integers(0, 2**32 - 1))
+def test_permuted_weights_under_interleaved_rope_score_like_the_originals_under_rotate_half(shapes, seed):
+    """Why the converter permutes: llama.cpp's RoPE on GGUF rows gives Hugging Face's attention scores."""
+    heads, kv_heads, E, D = shapes
+    rng = np.random.default_rng(seed)
+    x, pos = rng.standard_normal((5, D)), np.arange(5) * 7
+    wq, wk = rng.standard_normal((heads * E, D)), rng.standard_normal((kv_heads * E, D))
+
+    def scores(q, k):  # [T, H, E], [T, K, E] -> [H, T, T]
+        k = np.repeat(k, heads // kv_heads, axis=1)
+        return np.einsum("thd,shd->hts", q, k)
+
+    def project(w, n):
+        return (x @ w.T).reshape(5, n, E)
+
+    hf = scores(_rope_rotate_half(project(wq, heads), pos), _rope_rotate_half(project(wk, kv_heads), pos))
+    q = _rope_interleaved(project(permute(wq, heads), heads), pos)
+    k = _rope_interleaved(project(permute(wk, kv_heads), kv_heads), pos)
+    np.testing.assert_allclose(scores(q, k), hf, rtol=1e-9, atol=1e-9)
+
+
+# ---- refusals -------------------------------------------------------------------------------------------
+
+
+def _write(path, arch: str = "llama", tensors=(), metadata=None):
+    writer = gguf.GGUFWriter(path, arch)
+    for key, value in (metadata or {}).items():
+        writer.add_string(key, value) if isinstance(value, str) else writer.add_uint32(key, value)
+    for name, data, kwargs in tensors:
+        writer.add_tensor(name, data, **kwargs)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.fixture
+def llama_gguf(tmp_path):
+    return convert("llama", tmp_path / "llama.gguf")
+
+
+@pytest.mark.parametrize("keep", [0, 3, 4, 10, 64, 0.5, -100, -1])
+def test_truncated_file_is_refused_naming_the_file(llama_gguf, keep, tmp_path):
+    data = llama_gguf.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[: int(keep * len(data)) if isinstance(keep, float) else keep])
+    with pytest.raises(GGUFFileError, match=f"{cut}.*(truncated or corrupt|cannot)"):
+        refllm.load_model(cut)
+
+
+@pytest.mark.parametrize("offset", [0, 5, 30, 200])
+def test_corrupt_bytes_are_refused_naming_the_file(llama_gguf, offset):
+    data = bytearray(llama_gguf.read_bytes())
+    data[offset : offset + 8] = b"\xff" * 8
+    llama_gguf.write_bytes(bytes(data))
+    with pytest.raises(GGUFFileError, match=str(llama_gguf)):
+        GGUFSource(llama_gguf)
+
+
+def test_not_a_gguf_file_is_refused(tmp_path):
+    path = tmp_path / "model.gguf"
+    path.write_text("this is not a model\n" * 10)
+    with pytest.raises(GGUFFileError, match="is not a readable GGUF file"):
+        refllm.load_model(path)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(GGUFFileError, match="no such file"):
+        GGUFSource(tmp_path / "absent.gguf")
+    with pytest.raises(ModelNotFoundError, match="absent.gguf"):
+        refllm.load_model(tmp_path / "absent.gguf")
+
+
+def test_unsupported_architecture_is_refused_by_name(tmp_path):
+    path = _write(tmp_path / "bert.gguf", "bert", [("token_embd.weight", np.zeros((8, 4), np.float32), {})])
+    with pytest.raises(GGUFFileError, match=f"{path}: architecture 'bert' is not supported"):
+        GGUFSource(path)
+
+
+def test_unsupported_tensor_type_is_refused_naming_tensor_and_type(tmp_path):
+    iq4 = gguf.GGMLQuantizationType.IQ4_NL  # 32 weights in 18 bytes
+    tensors = [("token_embd.weight", np.zeros((8, 18), np.uint8), {"raw_dtype": iq4})]
+    path = _write(tmp_path / "iq.gguf", tensors=tensors)
+    with pytest.raises(GGUFFileError, match=f"{path}: tensor 'token_embd.weight' has type IQ4_NL"):
+        GGUFSource(path)
+
+
+def test_unknown_tensor_is_refused_by_name(tmp_path):
+    tensors = [
+        ("token_embd.weight", np.zeros((8, 4), np.float32), {}),
+        ("rope_freqs.weight", np.ones(2, np.float32), {}),
+    ]
+    path = _write(tmp_path / "rope.gguf", tensors=tensors)
+    with pytest.raises(GGUFFileError, match="tensor 'rope_freqs.weight' has no counterpart in refllm's llama model"):
+        GGUFSource(path)
+
+
+def test_missing_metadata_key_is_refused_by_name(tmp_path):
+    path = _write(tmp_path / "bare.gguf", tensors=[("token_embd.weight", np.zeros((8, 4), np.float32), {})])
+    with pytest.raises(GGUFFileError, match=f"{path} has no metadata key 'llama.embedding_length'"):
+        GGUFSource(path)
+
+
+def test_unsupported_rope_scaling_is_refused(tmp_path):
+    path = convert("llama", tmp_path / "m.gguf", extra={"llama.rope.scaling.type": "longrope"})
+    with pytest.raises(GGUFFileError, match="rope scaling type 'longrope' is not supported"):
+        GGUFSource(path)
+
+
+def test_missing_tensor_names_the_file(tmp_path):
+    path = convert("llama", tmp_path / "m.gguf", skip=("blk.1.attn_v.weight",))
+    with pytest.raises(MissingTensorError, match=f"v_proj.weight.*{path}"):
+        refllm.load_model(path)
+
+
+def test_metadata_that_disagrees_with_a_tensor_names_both(tmp_path):
+    path = convert("llama", tmp_path / "m.gguf", extra={"llama.attention.head_count_kv": 4})
+    with pytest.raises(WeightError, match=f"{path} \\(GGUF tensor 'blk.0.attn_k.weight'\\) has shape"):
+        refllm.load_model(path)
+
+
+def test_every_refusal_is_a_value_error():
+    assert issubclass(GGUFFileError, ValueError)
