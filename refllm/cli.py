@@ -92,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     pull.add_argument("name", choices=sorted(catalog.CATALOG), help="catalog name")
     pull.add_argument("--quiet", action="store_true", help="no progress output")
     pull.set_defaults(handler=cmd_pull)
+
+    from refllm.testing.golden import add_cli as add_golden_cli
+
+    add_golden_cli(commands)
     return parser
 
 

@@ -3,6 +3,7 @@
 from refllm.kv.base import CacheCapacityError, CacheConfig, CacheShape, KVCache, UnknownSequenceError
 from refllm.kv.contiguous import ContiguousKVCache
 from refllm.kv.factory import create_cache
+from refllm.kv.paged import OutOfBlocksError, PagedKVArena
 
 __all__ = [
     "CacheCapacityError",

@@ -1,0 +1,270 @@
+"""Numba attention over a paged KV arena, and the K/V write into it.
+
+The arena keeps one layer's keys and values as ``key_cache``/``value_cache``:
+[N, S, K, E] float32 (N blocks of S token slots). A sequence's token at
+position p sits in block ``block_table[p // S]`` at offset ``p % S``; its slot
+number is ``block_table[p // S] * S + p % S``. Block tables arrive padded to
+one int32 array [B, max blocks]; entries past a sequence's last block are
+never read.
+
+Every kernel computes what ``refllm.nn.attention.attention`` computes (the
+NumPy twin, property-tested against it in tests/test_attention_kernels.py),
+except that keys are read in place from their blocks and the softmax is
+streamed: block by block, a running maximum and denominator are kept and the
+output accumulator is rescaled whenever the maximum grows, so the scores are
+never materialised. Keys the mask hides are never visited, so a sliding
+window costs only the window. Sums run in float64, which keeps the kernels
+within float32 rounding of the spec whatever the summation order.
+
+Scalars use sentinels so one compiled signature serves every call:
+``window`` 0 means no sliding window, ``softcap`` 0.0 means no soft-capping.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+
+@njit(cache=True)
+def _dot(q: np.ndarray, k: np.ndarray) -> float:
+    """q: [E] float64, k: [E] float32 -> q . k in float64.
+
+    Four partial sums give the CPU four independent add chains; one chain
+    would leave the multiply units waiting on add latency.
+    """
+    head_dim = q.shape[0]
+    s0 = s1 = s2 = s3 = 0.0
+    e = 0
+    while e + 4 <= head_dim:
+        s0 += q[e] * k[e]
+        s1 += q[e + 1] * k[e + 1]
+        s2 += q[e + 2] * k[e + 2]
+        s3 += q[e + 3] * k[e + 3]
+        e += 4
+    while e < head_dim:
+        s0 += q[e] * k[e]
+        e += 1
+    return (s0 + s1) + (s2 + s3)
+
+
+@njit(cache=True)
+def _attend_keys(
+    queries: np.ndarray,
+    key_cache: np.ndarray,
+    value_cache: np.ndarray,
+    block_table: np.ndarray,
+    kv_head: int,
+    key_start: int,
+    key_end: int,
+    scale: float,
+    softcap: float,
+    maxes: np.ndarray,
+    denominators: np.ndarray,
+    acc: np.ndarray,
+) -> None:
+    """Streaming softmax of one KV group's query heads over the keys key_start .. key_end - 1.
+
+    queries: [G, E] float64 (the G query heads that read ``kv_head``, one
+    position), key_cache/value_cache: [N, S, K, E], block_table: [blocks] int32.
+    Writes maxes: [G], denominators: [G], acc: [G, E] (float64):
+    acc[g] = sum_j exp(score[g, j] - maxes[g]) * value[j], denominators[g] the
+    same sum without the values. Each key and value row is read once for the
+    whole group, which is what makes GQA cheap here.
+    """
+    block_size = key_cache.shape[1]
+    group, head_dim = queries.shape
+    scores = np.empty((group, block_size), np.float64)  # [G, S]: one block's scores at a time
+    maxes[:] = -np.inf
+    denominators[:] = 0.0
+    acc[:] = 0.0
+
+    for logical_block in range(key_start // block_size, (key_end - 1) // block_size + 1):
+        block = block_table[logical_block]
+        block_start = logical_block * block_size
+        lo = max(key_start - block_start, 0)
+        hi = min(key_end - block_start, block_size)
+
+        for g in range(group):
+            block_max = -np.inf
+            for offset in range(lo, hi):
+                score = _dot(queries[g], key_cache[block, offset, kv_head]) * scale
+                if softcap > 0.0:
+                    score = softcap * math.tanh(score / softcap)
+                scores[g, offset] = score
+                block_max = max(block_max, score)
+            new_max = max(maxes[g], block_max)
+            correction = math.exp(maxes[g] - new_max)  # 0.0 on the first block (exp(-inf))
+            denominators[g] *= correction
+            for e in range(head_dim):
+                acc[g, e] *= correction
+            maxes[g] = new_max
+
+        for offset in range(lo, hi):
+            value = value_cache[block, offset, kv_head]
+            for g in range(group):
+                weight = math.exp(scores[g, offset] - maxes[g])
+                denominators[g] += weight
+                for e in range(head_dim):
+                    acc[g, e] += weight * value[e]
+
+
+@njit(cache=True)
+def _first_visible_key(position: int, window: int) -> int:
+    return 0 if window <= 0 else max(0, position - window + 1)
+
+
+# Decode splits each sequence's keys into partitions of this many keys, so a
+# single long sequence still spreads over every core. Partition boundaries
+# depend only on the sequence itself, never on the rest of the batch, so a
+# sequence's output does not change with the batch it is decoded in.
+DECODE_PARTITION_KEYS = 256
+
+
+@njit(cache=True, parallel=True)
+def paged_decode_attention(
+    q: np.ndarray,
+    key_cache: np.ndarray,
+    value_cache: np.ndarray,
+    block_tables: np.ndarray,
+    context_lens: np.ndarray,
+    scale: float,
+    window: int,
+    softcap: float,
+) -> np.ndarray:
+    """Decode: one new query per sequence, sequences of different lengths.
+
+    q: [B, H, E] float32, key_cache/value_cache: [N, S, K, E] float32,
+    block_tables: [B, max blocks] int32, context_lens: [B] int64 (keys of each
+    sequence, the new token's included; its query sits at context_lens - 1)
+    -> [B, H, E] float32.
+
+    NumPy twin: ``refllm.nn.attention.attention(q[b][None], keys, values,
+    [context_lens[b] - 1], scale, window, softcap)`` per sequence, with keys and
+    values gathered from the blocks.
+
+    Parallel over (sequence, key partition, KV head); the query heads of a KV
+    group share one pass over its keys. A serial pass over (sequence, head)
+    then merges the partitions: with M the largest partition maximum,
+    out = sum_p acc_p exp(m_p - M) / sum_p d_p exp(m_p - M).
+    """
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = key_cache.shape[2]
+    group = num_heads // num_kv_heads  # GQA: query head h reads KV head h // group
+    first_keys = np.empty(batch, np.int64)
+    num_partitions = 1
+    for b in range(batch):
+        first_keys[b] = _first_visible_key(context_lens[b] - 1, window)
+        visible = context_lens[b] - first_keys[b]
+        num_partitions = max(num_partitions, (visible + DECODE_PARTITION_KEYS - 1) // DECODE_PARTITION_KEYS)
+
+    maxes = np.empty((batch, num_kv_heads, num_partitions, group), np.float64)
+    denominators = np.empty((batch, num_kv_heads, num_partitions, group), np.float64)
+    acc = np.empty((batch, num_kv_heads, num_partitions, group, head_dim), np.float64)
+    for item in prange(batch * num_kv_heads * num_partitions):
+        b = item // (num_partitions * num_kv_heads)
+        part = item // num_kv_heads % num_partitions
+        kv_head = item % num_kv_heads
+        key_start = first_keys[b] + part * DECODE_PARTITION_KEYS
+        key_end = min(key_start + DECODE_PARTITION_KEYS, context_lens[b])
+        if key_start >= key_end:  # this sequence is shorter: an empty partition weighs nothing
+            maxes[b, kv_head, part] = -np.inf
+            denominators[b, kv_head, part] = 0.0
+            acc[b, kv_head, part] = 0.0
+            continue
+        queries = q[b, kv_head * group : (kv_head + 1) * group].astype(np.float64)
+        _attend_keys(
+            queries, key_cache, value_cache, block_tables[b], kv_head, key_start, key_end, scale, softcap,
+            maxes[b, kv_head, part], denominators[b, kv_head, part], acc[b, kv_head, part],
+        )
+
+    # The merge is a few multiply-adds per partition: cheaper serially than as a second parallel region.
+    out = np.empty((batch, num_heads, head_dim), np.float32)
+    for pair in range(batch * num_heads):
+        b = pair // num_heads
+        kv_head = pair % num_heads // group
+        g = pair % num_heads % group
+        top = -np.inf
+        for part in range(num_partitions):
+            top = max(top, maxes[b, kv_head, part, g])
+        denominator = 0.0
+        merged = np.zeros(head_dim, np.float64)
+        for part in range(num_partitions):
+            weight = math.exp(maxes[b, kv_head, part, g] - top)
+            denominator += weight * denominators[b, kv_head, part, g]
+            for e in range(head_dim):
+                merged[e] += weight * acc[b, kv_head, part, g, e]
+        for e in range(head_dim):
+            out[b, pair % num_heads, e] = merged[e] / denominator
+    return out
+
+
+@njit(cache=True, parallel=True)
+def paged_prefill_attention(
+    q: np.ndarray,
+    key_cache: np.ndarray,
+    value_cache: np.ndarray,
+    block_tables: np.ndarray,
+    prefix_lens: np.ndarray,
+    scale: float,
+    window: int,
+    softcap: float,
+) -> np.ndarray:
+    """Prefill chunk: T new queries per sequence over the cached prefix and, causally, the chunk.
+
+    q: [B, T, H, E] float32, key_cache/value_cache: [N, S, K, E] float32 (the
+    chunk's keys already written), block_tables: [B, max blocks] int32,
+    prefix_lens: [B] int64 (keys before the chunk; query t sits at
+    prefix_lens + t) -> [B, T, H, E] float32.
+
+    NumPy twin: ``refllm.nn.attention.attention(q[b], keys, values,
+    prefix_lens[b] + arange(T), scale, window, softcap)`` per sequence, with keys
+    and values gathered from the blocks.
+
+    Parallel over (sequence, token, KV head); the query heads of a KV group
+    share one pass over the keys their token may see.
+    """
+    batch, num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = key_cache.shape[2]
+    group = num_heads // num_kv_heads
+    out = np.empty((batch, num_tokens, num_heads, head_dim), np.float32)
+    for item in prange(batch * num_tokens * num_kv_heads):
+        b = item // (num_tokens * num_kv_heads)
+        t = item // num_kv_heads % num_tokens
+        kv_head = item % num_kv_heads
+        position = prefix_lens[b] + t
+        heads = slice(kv_head * group, (kv_head + 1) * group)
+        maxes = np.empty(group, np.float64)
+        denominators = np.empty(group, np.float64)
+        acc = np.empty((group, head_dim), np.float64)
+        _attend_keys(
+            q[b, t, heads].astype(np.float64), key_cache, value_cache, block_tables[b], kv_head,
+            _first_visible_key(position, window), position + 1, scale, softcap, maxes, denominators, acc,
+        )
+        for g in range(group):
+            for e in range(head_dim):
+                out[b, t, kv_head * group + g, e] = acc[g, e] / denominators[g]
+    return out
+
+
+@njit(cache=True)
+def write_kv(
+    key_cache: np.ndarray, value_cache: np.ndarray, slots: np.ndarray, k: np.ndarray, v: np.ndarray
+) -> None:
+    """Store new keys and values at their slots.
+
+    key_cache/value_cache: [N, S, K, E] float32 (written), slots: [B, T] int64
+    (slot = block * S + offset), k/v: [B, T, K, E] float32.
+
+    NumPy twin: ``key_cache.reshape(N * S, K, E)[slots] = k`` (and the same for v).
+    """
+    block_size = key_cache.shape[1]
+    batch, num_tokens = slots.shape
+    for b in range(batch):
+        for t in range(num_tokens):
+            block = slots[b, t] // block_size
+            offset = slots[b, t] % block_size
+            key_cache[block, offset] = k[b, t]
+            value_cache[block, offset] = v[b, t]

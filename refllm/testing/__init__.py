@@ -1,0 +1,88 @@
+"""refllm.testing: the oracle kit for other backends.
+
+Check a backend against refllm's float32 spec: conformance properties over
+hypothesis-drawn tiny models (every architecture and flag), named tolerance
+profiles, greedy comparison with the near-tie rule, failures that explain
+themselves, golden files and a pytest plugin. docs/oracle.md walks through it.
+
+    from refllm.testing import run_conformance
+    for result in run_conformance(my_factory):   # my_factory(checkpoint) -> backend
+        print(result.line())
+
+The modules, bottom up: ``tolerances`` (profiles), ``configs`` (tiny
+``config.json`` dicts), ``checkpoint`` (a model's config and weights),
+``backends`` (adapters), ``factories``, ``greedy``, ``strategies``,
+``properties`` and ``explain``, ``suite`` (the runner), ``plugin`` and
+``conformance`` (pytest), ``golden``, ``hf`` (the transformers backend) and
+``repro``. Importing this package needs numpy only; the strategies and the
+runner need hypothesis, ``hf`` needs torch and transformers.
+"""
+
+from refllm.testing.backends import Backend, CallableBackend, LLMBackend, ModelBackend, as_backend, refllm_layer_states
+from refllm.testing.checkpoint import Checkpoint
+from refllm.testing.factories import load_factory, refllm_contiguous, refllm_llm, refllm_paged
+from refllm.testing.greedy import GreedyComparison, compare_greedy, compare_greedy_outputs, greedy_tokens
+from refllm.testing.properties import (
+    PROPERTIES,
+    ConformanceFailure,
+    check,
+    check_batch,
+    check_branches,
+    check_chunked_prefill,
+    check_decode,
+    check_errors,
+    check_greedy,
+    check_logits,
+    check_memory,
+    check_schedule,
+    check_truncate,
+)
+from refllm.testing.tolerances import PROFILES, Tolerance, get_profile
+
+
+def __getattr__(name: str):
+    """The runner needs hypothesis, so ``run_conformance`` and its kin are imported on first use."""
+    if name in ("run_conformance", "first_failure", "run_properties", "PropertyResult"):
+        from refllm.testing import suite
+
+        return getattr(suite, name)
+    raise AttributeError(f"module 'refllm.testing' has no attribute {name!r}")
+
+
+__all__ = [
+    "PROFILES",
+    "PROPERTIES",
+    "Backend",
+    "CallableBackend",
+    "Checkpoint",
+    "ConformanceFailure",
+    "GreedyComparison",
+    "LLMBackend",
+    "ModelBackend",
+    "PropertyResult",
+    "Tolerance",
+    "as_backend",
+    "check",
+    "check_batch",
+    "check_branches",
+    "check_chunked_prefill",
+    "check_decode",
+    "check_errors",
+    "check_greedy",
+    "check_logits",
+    "check_memory",
+    "check_schedule",
+    "check_truncate",
+    "compare_greedy",
+    "compare_greedy_outputs",
+    "first_failure",
+    "get_profile",
+    "greedy_tokens",
+    "load_factory",
+    "refllm_contiguous",
+    "refllm_layer_states",
+    "refllm_llm",
+    "refllm_paged",
+    "run_conformance",
+    "run_properties",
+]

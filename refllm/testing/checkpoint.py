@@ -1,0 +1,115 @@
+"""Checkpoint: one model's config and weights, handed to the reference and to the backend under test.
+
+A Checkpoint is a ``ModelSource`` (so ``LlamaFamilyModel.load(checkpoint)``
+builds the reference from it) that also offers what a foreign backend needs
+to build the same model: the ``config.json`` dict and the weights in Hugging
+Face naming and layout, in memory (``tensors``) or as files (``path``, a
+directory with ``config.json`` and ``model.safetensors``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from refllm.config import ModelConfig
+from refllm.models.random import random_tensors
+from refllm.models.weights import canonical_name
+
+
+class Checkpoint:
+    """config + named float32 tensors (+ the config.json they came from, + an optional tokenizer)."""
+
+    def __init__(self, config_json: dict[str, Any] | None, source, description: str, seed: int | None = None):
+        self.config_json = config_json
+        self.seed = seed  # of random weights; None for weights read from files
+        self.config: ModelConfig = source.config
+        self.tokenizer = getattr(source, "tokenizer", None)
+        self.description = description
+        self._source = source
+        self._path: Path | None = getattr(source, "directory", None)
+        self._reference = None
+
+    @classmethod
+    def random(cls, config_json: dict[str, Any], seed: int = 0) -> Checkpoint:
+        """Seeded N(0, 0.1) weights (norm weights near 1) for a config.json dict."""
+        from refllm.models.contract import InMemorySource
+
+        config = ModelConfig.from_hf(config_json)
+        source = InMemorySource(config, random_tensors(config, seed))
+        return cls(dict(config_json), source, f"random weights, seed {seed}", seed)
+
+    @classmethod
+    def open(cls, name_or_path: str | Path) -> Checkpoint:
+        """A catalog name, or a Hugging Face model directory."""
+        from refllm import catalog
+        from refllm.loading import open_source
+
+        path = catalog.pull(name_or_path) if str(name_or_path) in catalog.CATALOG else name_or_path
+        source = open_source(path)
+        config_file = Path(path) / "config.json"
+        config_json = json.loads(config_file.read_text()) if config_file.is_file() else None
+        return cls(config_json, source, str(name_or_path))
+
+    # --- ModelSource -----------------------------------------------------------------
+
+    def tensor_names(self) -> list[str]:
+        return self._source.tensor_names()
+
+    def tensor(self, name: str) -> np.ndarray:
+        return self._source.tensor(name)
+
+    def where(self, name: str | None) -> str:
+        return self._source.where(name)
+
+    # --- for backends --------------------------------------------------------------------
+
+    @property
+    def tensors(self) -> dict[str, np.ndarray]:
+        """Every tensor a text model uses, by its Hugging Face name, float32."""
+        return {canonical_name(n): self.tensor(n) for n in self.tensor_names() if canonical_name(n) is not None}
+
+    @property
+    def path(self) -> Path:
+        """A directory with config.json and model.safetensors (written to a temporary one on first use)."""
+        if self._path is None:
+            if self.config_json is None:
+                raise ValueError(f"checkpoint {self.description!r} has no config.json to write")
+            directory = Path(tempfile.mkdtemp(prefix="refllm-checkpoint-"))
+            weakref.finalize(self, shutil.rmtree, directory, ignore_errors=True)
+            self.save(directory)
+            self._path = directory
+        return self._path
+
+    def save(self, directory: str | Path) -> None:
+        from safetensors.numpy import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "config.json").write_text(json.dumps(self.config_json, indent=2))
+        tensors = {name: np.ascontiguousarray(array) for name, array in self.tensors.items()}
+        save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+
+    def reference(self):
+        """The reference: refllm's LlamaFamilyModel over these weights (built once)."""
+        if self._reference is None:
+            from refllm.models.llama import LlamaFamilyModel
+
+            self._reference = LlamaFamilyModel.load(self)
+        return self._reference
+
+    def weights_sha256(self) -> str:
+        """sha256 over the tensors in name order: name, NUL, shape (int64 LE), float32 LE bytes."""
+        digest = hashlib.sha256()
+        for name, array in sorted(self.tensors.items()):
+            digest.update(name.encode() + b"\0")
+            digest.update(np.asarray(array.shape, "<i8").tobytes())
+            digest.update(np.ascontiguousarray(array, "<f4").tobytes())
+        return digest.hexdigest()

@@ -1,0 +1,70 @@
+"""Tiny ``config.json`` dicts for tests, one per architecture refllm supports.
+
+Hugging Face spellings, so that refllm (``ModelConfig.from_hf``) and
+transformers (``AutoConfig.for_model``) both build the model they describe.
+The hypothesis strategies in ``strategies.py`` draw variations of these.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from refllm.config import SUPPORTED_ARCHITECTURES
+from refllm.errors import InvalidInputError
+
+ARCHITECTURES = tuple(a for a in SUPPORTED_ARCHITECTURES if a != "gemma3")  # gemma3 wraps gemma3_text
+
+
+class UnknownArchitectureError(InvalidInputError):
+    """An architecture name the kit has no tiny config for."""
+
+
+def check_architectures(names) -> tuple[str, ...]:
+    """-> the non-empty names as a tuple; refuses one not in ARCHITECTURES."""
+    names = tuple(name for name in names if name)
+    for name in names:
+        if name not in ARCHITECTURES:
+            raise UnknownArchitectureError(f"architecture {name!r} is not one of {', '.join(ARCHITECTURES)}")
+    if not names:
+        raise UnknownArchitectureError(f"no architecture named; choose from {', '.join(ARCHITECTURES)}")
+    return names
+
+
+CLASS_NAMES = {  # the transformers causal-LM class of each architecture, for config.json's "architectures"
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
+}
+
+
+def tiny_config_json(model_type: str, sliding_window: int = 5) -> dict[str, Any]:
+    """A fixed tiny ``config.json`` dict per architecture, each with its distinguishing flags on."""
+    check_architectures([model_type])
+    base = dict(
+        model_type=model_type,
+        architectures=[CLASS_NAMES[model_type]],
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    extra = {
+        "llama": dict(attention_bias=True),
+        "mistral": dict(sliding_window=sliding_window),
+        "qwen2": dict(use_sliding_window=True, sliding_window=sliding_window, max_window_layers=1),
+        "qwen3": dict(head_dim=12),
+        "phi3": dict(partial_rotary_factor=0.5),
+        "gemma3_text": dict(
+            head_dim=8, sliding_window=sliding_window, layer_types=["sliding_attention", "full_attention"]
+        ),
+    }[model_type]
+    return base | extra

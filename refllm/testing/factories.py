@@ -1,0 +1,82 @@
+"""Factories: ``factory(checkpoint) -> backend``, found by ``module:factory`` name.
+
+The kit builds every backend it checks through a factory, once per drawn
+model, so the backend runs exactly the checkpoint's weights. refllm's own
+paths are factories here: ``refllm_paged`` (Numba kernels over the paged
+arena), ``refllm_llm`` (the runtime's ``LLM``) and ``refllm_contiguous`` (the
+spec path, which is the reference).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+from refllm.errors import InvalidInputError
+from refllm.kv.base import CacheConfig
+from refllm.testing.backends import LLMBackend, ModelBackend
+
+BLOCK_SIZE = 4  # small blocks, so that tiny inputs cross block boundaries
+
+
+class BackendSpecError(InvalidInputError):
+    """A ``module:factory`` string that names nothing importable and callable."""
+
+
+def load_factory(spec: str) -> Callable:
+    """``"package.module:factory"`` (the factory may be a dotted attribute path) -> the callable."""
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise BackendSpecError(f"backend {spec!r} must look like 'module:factory'")
+    try:
+        target = importlib.import_module(module_name)
+    except ImportError as error:
+        raise BackendSpecError(f"backend {spec!r}: cannot import {module_name!r} ({error})") from None
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise BackendSpecError(f"backend {spec!r}: {module_name!r} has no attribute {attribute!r}")
+        target = getattr(target, part)
+    if not callable(target):
+        raise BackendSpecError(f"backend {spec!r} names a {type(target).__name__}, not a factory")
+    return target
+
+
+def factory_spec(factory: Callable) -> str | None:
+    """The ``module:factory`` string that finds ``factory`` again, if there is one."""
+    module, name = getattr(factory, "__module__", None), getattr(factory, "__qualname__", "")
+    if not module or "<" in name:
+        return None
+    try:
+        return f"{module}:{name}" if load_factory(f"{module}:{name}") is factory else None
+    except BackendSpecError:
+        return None
+
+
+# --- refllm's own paths -------------------------------------------------------------------
+
+
+def refllm_paged(checkpoint) -> ModelBackend:
+    """refllm's fast path: the Numba kernels over a paged arena."""
+    from refllm.models.llama import LlamaFamilyModel
+
+    return ModelBackend(
+        LlamaFamilyModel.load(checkpoint), CacheConfig(kind="paged", block_size=BLOCK_SIZE), "refllm paged"
+    )
+
+
+def refllm_llm(checkpoint) -> LLMBackend:
+    """refllm's runtime: ``refllm.runtime.llm.LLM`` (cache ids over one paged arena, prefix caching on)."""
+    from refllm.models.llama import LlamaFamilyModel
+    from refllm.runtime.llm import LLM
+
+    model = LlamaFamilyModel.load(checkpoint)
+
+    def with_capacity(tokens: int) -> LLM:
+        return LLM(model, CacheConfig(kind="paged", block_size=BLOCK_SIZE, num_blocks=tokens // BLOCK_SIZE))
+
+    return LLMBackend(LLM(model, CacheConfig(kind="paged", block_size=BLOCK_SIZE)), "refllm LLM", with_capacity)
+
+
+def refllm_contiguous(checkpoint) -> ModelBackend:
+    """refllm's spec path: NumPy attention over contiguous arrays (the reference itself)."""
+    return ModelBackend(checkpoint.reference(), CacheConfig(kind="contiguous"), "refllm spec")

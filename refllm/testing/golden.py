@@ -1,0 +1,322 @@
+"""Golden files: a model's outputs on a set of prompts, in one safetensors file any language can read.
+
+    refllm golden dump --model M --prompts prompts.txt --out golden.safetensors
+    refllm golden check golden.safetensors --backend mypkg.backend:factory
+
+``dump`` runs the reference (refllm's float32 spec path) and records, per
+prompt, the token ids, logits at the last and at chosen positions (full and
+top-k), a greedy continuation with each step's top-k, and optionally the
+hidden states around every layer, plus metadata naming the model, a hash of
+its weights and the tolerance profile to check with. ``check`` builds the
+backend from the same weights, compares prompt by prompt (logits under the
+profile, greedy tokens under the near-tie rule), prints a report and exits
+non-zero on any failure. The format is specified in docs/golden-format.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+import refllm
+from refllm.errors import InvalidInputError
+from refllm.testing.backends import Backend, as_backend
+from refllm.testing.checkpoint import Checkpoint
+from refllm.testing.explain import count, state_name
+from refllm.testing.factories import load_factory, refllm_contiguous
+from refllm.testing.greedy import compare_greedy_outputs, greedy_tokens, top_candidates
+from refllm.testing.tolerances import PROFILES, Tolerance, get_profile
+
+FORMAT = "refllm-golden"
+FORMAT_VERSION = "1"
+DEFAULT_BACKEND = "refllm.testing.factories:refllm_paged"
+
+
+class GoldenFormatError(InvalidInputError):
+    """A file that is not a golden file this version of refllm reads, or a prompts file it cannot parse."""
+
+
+class GoldenModelMismatchError(InvalidInputError):
+    """The model given to ``check`` is not the one the golden file was made from."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str | None  # None for a prompt given as token ids
+    token_ids: list[int]
+
+
+def read_prompts(path: str | Path, tokenizer) -> list[Prompt]:
+    """One prompt per line: a JSON array of token ids, or text (encoded with ``tokenizer``). Blank lines are skipped."""
+    prompts = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("["):
+            try:
+                ids = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise GoldenFormatError(f"{path}:{number}: not a JSON array of token ids ({error})") from None
+            if not ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                raise GoldenFormatError(f"{path}:{number}: {line.strip()[:60]!r} is not a non-empty list of token ids")
+            prompts.append(Prompt(None, ids))
+        elif tokenizer is None:
+            raise GoldenFormatError(
+                f"{path}:{number}: a text prompt needs a model with a tokenizer; give token ids as a JSON array"
+            )
+        else:
+            prompts.append(Prompt(line, tokenizer.encode(line)))
+    if not prompts:
+        raise GoldenFormatError(f"{path} holds no prompts")
+    return prompts
+
+
+def chosen_positions(length: int, count: int) -> np.ndarray:
+    """Up to ``count`` positions spread evenly over [0, length), always ending with the last. [P] int64."""
+    return np.unique(np.linspace(0, length - 1, min(count, length)).round().astype(np.int64))
+
+
+def dump(
+    checkpoint: Checkpoint,
+    prompts: list[Prompt],
+    out: str | Path,
+    model: str,
+    profile: str = "float32",
+    new_tokens: int = 32,
+    top_k: int = 10,
+    positions: int = 8,
+    hidden_states: bool = False,
+) -> dict[str, str]:
+    """Run the reference on ``prompts`` and write the golden file ``out`` -> its metadata."""
+    from safetensors.numpy import save_file
+
+    get_profile(profile)
+    reference = refllm_contiguous(checkpoint)
+    context = checkpoint.config.context_length
+    tensors: dict[str, np.ndarray] = {}
+    for i, prompt in enumerate(prompts):
+        ids = np.asarray(prompt.token_ids, np.int64)
+        if len(ids) + new_tokens > context:
+            raise InvalidInputError(
+                f"prompt {i} has {len(ids)} tokens; with {new_tokens} new ones it passes the context length {context}"
+            )
+        everything = reference.all_logits(ids)  # [T, V]
+        chosen = chosen_positions(len(ids), positions)
+        top = top_candidates(everything[chosen], top_k)  # [P, k]
+        greedy, greedy_top = greedy_tokens(reference, ids, new_tokens, top_k)
+        tensors |= {
+            f"prompt.{i}.token_ids": ids,
+            f"prompt.{i}.last_logits": everything[-1],
+            f"prompt.{i}.positions": chosen,
+            f"prompt.{i}.logits": everything[chosen],
+            f"prompt.{i}.topk_ids": top.astype(np.int64),
+            f"prompt.{i}.topk_logits": np.take_along_axis(everything[chosen], top, axis=-1),
+            f"prompt.{i}.greedy_ids": np.asarray(greedy, np.int64),
+            f"prompt.{i}.greedy_topk_ids": greedy_top.astype(np.int64),
+        }
+        if hidden_states:
+            tensors[f"prompt.{i}.hidden_states"] = reference.layer_states(ids)
+    metadata = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "refllm_version": refllm.__version__,
+        "model": model,
+        "config": json.dumps(
+            checkpoint.config_json if checkpoint.config_json is not None else vars(checkpoint.config), default=str
+        ),
+        "weights_sha256": checkpoint.weights_sha256(),
+        "dtype": "float32",
+        "tolerance_profile": profile,
+        "num_prompts": str(len(prompts)),
+        "new_tokens": str(new_tokens),
+        "top_k": str(top_k),
+        "prompts": json.dumps([p.text for p in prompts]),
+    }
+    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(out), metadata=metadata)
+    return metadata
+
+
+@dataclass(frozen=True)
+class Golden:
+    metadata: dict[str, str]
+    tensors: dict[str, np.ndarray]
+
+    @classmethod
+    def load(cls, path: str | Path) -> Golden:
+        from safetensors import SafetensorError, safe_open
+
+        try:
+            with safe_open(str(path), "np") as f:
+                metadata = f.metadata() or {}
+                tensors = {name: f.get_tensor(name) for name in f.keys()}
+        except (SafetensorError, OSError) as error:
+            raise GoldenFormatError(f"{path} is not a readable safetensors file ({error})") from None
+        if metadata.get("format") != FORMAT:
+            raise GoldenFormatError(
+                f"{path} is not a golden file: its format is {metadata.get('format')!r}, not {FORMAT!r}"
+            )
+        if metadata.get("format_version") != FORMAT_VERSION:
+            version = metadata.get("format_version")
+            raise GoldenFormatError(
+                f"{path} has golden format version {version!r}; this refllm reads {FORMAT_VERSION!r}"
+            )
+        return cls(metadata, tensors)
+
+    @property
+    def num_prompts(self) -> int:
+        return int(self.metadata["num_prompts"])
+
+    def get(self, i: int, field: str) -> np.ndarray | None:
+        return self.tensors.get(f"prompt.{i}.{field}")
+
+    def require(self, i: int, field: str) -> np.ndarray:
+        array = self.get(i, field)
+        if array is None:
+            raise GoldenFormatError(f"golden file has no tensor 'prompt.{i}.{field}'")
+        return array
+
+
+@dataclass(frozen=True)
+class PromptReport:
+    index: int
+    ok: bool
+    line: str
+
+
+def check_prompt(golden: Golden, i: int, backend: Backend, profile: Tolerance) -> PromptReport:
+    """Compare one prompt's stored outputs with the backend's."""
+    ids = golden.require(i, "token_ids").tolist()
+    results = [_check_logits(golden, i, backend, profile), _check_greedy(golden, i, backend, profile)]
+    if golden.get(i, "hidden_states") is not None:
+        results.append(_check_hidden(golden, i, backend, profile))
+    ok = all(passed for passed, _ in results)
+    text = golden_prompts(golden)[i]
+    label = f"prompt {i} ({count(len(ids), 'token')}{', ' + repr(text[:30]) if text else ''})"
+    return PromptReport(i, ok, f"{label} {'ok' if ok else 'FAIL'}: " + "; ".join(finding for _, finding in results))
+
+
+def _check_logits(golden: Golden, i: int, backend: Backend, profile: Tolerance) -> tuple[bool, str]:
+    chosen, expected = golden.require(i, "positions"), golden.require(i, "logits")  # [P], [P, V]
+    actual = np.asarray(backend.all_logits(golden.require(i, "token_ids").tolist()))[chosen]
+    if actual.shape != expected.shape:
+        return False, f"logits have shape {actual.shape}, the golden's {expected.shape}"
+    excess, delta = profile.excess(actual, expected), np.abs(actual - expected)
+    if np.any(excess > 0):
+        row = int(np.unravel_index(np.argmax(excess), excess.shape)[0])
+        return False, (
+            f"logits differ: max |Δ| {delta.max():.3g}, worst at position {chosen[row]}"
+            f" (allowed {profile.atol:g} + {profile.rtol:g}·|x|)"
+        )
+    return True, f"logits max |Δ| {delta.max():.2g} at {count(len(chosen), 'position')}"
+
+
+def _check_greedy(golden: Golden, i: int, backend: Backend, profile: Tolerance) -> tuple[bool, str]:
+    stored, stored_top = golden.require(i, "greedy_ids"), golden.require(i, "greedy_topk_ids")  # [N], [N, k]
+    tokens, top = greedy_tokens(backend, golden.require(i, "token_ids").tolist(), len(stored), stored_top.shape[1])
+    comparison = compare_greedy_outputs(tokens, top, stored.tolist(), stored_top, profile.top_n)
+    if comparison.step is None:
+        return True, f"greedy {len(stored)}/{len(stored)} agree"
+    return comparison.ok, comparison.describe("backend", "golden")
+
+
+def _check_hidden(golden: Golden, i: int, backend: Backend, profile: Tolerance) -> tuple[bool, str]:
+    expected = golden.require(i, "hidden_states")  # [L + 1, T, D]
+    states = backend.layer_states(golden.require(i, "token_ids").tolist())
+    if states is None:
+        return True, f"hidden states not compared ({backend.name} exposes none)"
+    if np.shape(states) != expected.shape:
+        return False, f"hidden states have shape {np.shape(states)}, the golden's {expected.shape}"
+    for index, (got, want) in enumerate(zip(states, expected)):
+        if not profile.close_scaled(got, want):
+            return False, f"hidden states first diverge at {state_name(index)}"
+    return True, "hidden states agree"
+
+
+def golden_prompts(golden: Golden) -> list[str | None]:
+    return json.loads(golden.metadata.get("prompts", "null")) or [None] * golden.num_prompts
+
+
+def check(golden: Golden, backend, profile: str | Tolerance | None = None) -> list[PromptReport]:
+    """Every prompt of ``golden`` against ``backend`` under ``profile`` (default: the file's)."""
+    profile = get_profile(profile or golden.metadata.get("tolerance_profile", "float32"))
+    backend = as_backend(backend)
+    return [check_prompt(golden, i, backend, profile) for i in range(golden.num_prompts)]
+
+
+# --- the command line -----------------------------------------------------------------------
+
+
+def add_cli(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``golden dump`` and ``golden check`` on a ``refllm``-style subparsers object."""
+    golden = subparsers.add_parser("golden", help="write or check golden files of reference outputs")
+    commands = golden.add_subparsers(dest="golden_command", required=True, metavar="ACTION")
+
+    dump_parser = commands.add_parser("dump", help="run the reference on prompts and write a golden file")
+    dump_parser.add_argument("--model", required=True, help="catalog name or Hugging Face directory")
+    dump_parser.add_argument("--prompts", required=True, help="one prompt per line: text, or a JSON array of token ids")
+    dump_parser.add_argument("--out", required=True, help="the golden file to write (.safetensors)")
+    dump_parser.add_argument("--new-tokens", type=int, default=32, help="greedy tokens per prompt (default 32)")
+    dump_parser.add_argument("--top-k", type=int, default=10, help="candidates stored per position (default 10)")
+    dump_parser.add_argument(
+        "--positions", type=int, default=8, help="positions whose full logits are stored (default 8)"
+    )
+    dump_parser.add_argument("--hidden-states", action="store_true", help="also store hidden states around every layer")
+    dump_parser.add_argument(
+        "--profile", default="float32", choices=sorted(PROFILES), help="tolerance profile a check uses"
+    )
+    dump_parser.set_defaults(handler=cmd_dump)
+
+    check_parser = commands.add_parser("check", help="compare a backend with a golden file; non-zero exit on failure")
+    check_parser.add_argument("golden", help="the golden file")
+    check_parser.add_argument("--backend", default=DEFAULT_BACKEND, help=f"module:factory (default {DEFAULT_BACKEND})")
+    check_parser.add_argument(
+        "--model", help="the weights to build the backend from (default: the golden file's model)"
+    )
+    check_parser.add_argument(
+        "--profile", choices=sorted(PROFILES), help="override the golden file's tolerance profile"
+    )
+    check_parser.set_defaults(handler=cmd_check)
+
+
+def cmd_dump(args: argparse.Namespace) -> int:
+    checkpoint = Checkpoint.open(args.model)
+    prompts = read_prompts(args.prompts, checkpoint.tokenizer)
+    metadata = dump(
+        checkpoint,
+        prompts,
+        args.out,
+        args.model,
+        args.profile,
+        args.new_tokens,
+        args.top_k,
+        args.positions,
+        args.hidden_states,
+    )
+    print(f"{args.out}: {len(prompts)} prompts from {args.model} (weights sha256 {metadata['weights_sha256'][:12]})")
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    golden = Golden.load(args.golden)
+    model = args.model or golden.metadata["model"]
+    checkpoint = Checkpoint.open(model)
+    expected_hash, actual_hash = golden.metadata["weights_sha256"], checkpoint.weights_sha256()
+    if actual_hash != expected_hash:
+        raise GoldenModelMismatchError(
+            f"{model} has weights sha256 {actual_hash[:12]}; {args.golden} was made from {expected_hash[:12]}"
+        )
+    backend = as_backend(load_factory(args.backend)(checkpoint))
+    profile = get_profile(args.profile or golden.metadata.get("tolerance_profile", "float32"))
+    made_by = golden.metadata.get("refllm_version")
+    print(f"{args.golden}: {golden.num_prompts} prompts from {model} (refllm {made_by}), profile {profile.name}")
+    print(f"backend: {backend.name} ({args.backend})")
+    reports = check(golden, backend, profile)
+    for report in reports:
+        print(report.line)
+    passed = sum(r.ok for r in reports)
+    print(f"{passed}/{len(reports)} prompts pass")
+    return 0 if passed == len(reports) else 1

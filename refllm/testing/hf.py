@@ -1,0 +1,152 @@
+"""The first foreign backend: Hugging Face transformers, float32, eager attention.
+
+``transformers_backend(checkpoint)`` is a factory: it builds the transformers
+model for the checkpoint's ``config.json`` and loads its weights. Needs torch
+and transformers (``pip install refllm[oracle]``); the tests that use it skip
+when they are absent.
+
+Each cache id holds a ``DynamicCache`` plus the token ids it has seen. Where
+transformers and refllm's contract differ, the adapter bridges:
+
+- Rollback (``truncate``) re-runs the kept tokens rather than cropping:
+  transformers' sliding-window cache layers drop keys a rollback would need.
+- transformers does not check token ids (an id past the vocabulary raises
+  IndexError, a negative one silently reads the last row), so the adapter
+  refuses bad input as refllm does.
+- Dynamic NTK RoPE in transformers keeps the longest length it has seen;
+  refllm scales by the longest position of the current forward pass, so
+  dynamic rotary modules are restored to their initial state before every forward.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+
+import numpy as np
+
+from refllm.errors import InvalidInputError, TokenOutOfRangeError, UnknownSequenceError, WeightError
+from refllm.testing.backends import Backend
+
+
+class TransformersBackend(Backend):
+    """A transformers causal LM (float32, eager attention) behind the kit's ``Backend`` interface."""
+
+    can_truncate = True
+    can_fork = True
+
+    def __init__(self, model, name: str = "transformers"):
+        import torch
+
+        self.torch = torch
+        self.model = model.eval()
+        self.name = name
+        parameters = inspect.signature(model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in parameters else "past_key_values"
+        self._dynamic_rotary = {  # module name -> its initial state
+            name: copy.deepcopy(module)
+            for name, module in model.named_modules()
+            if type(module).__name__.endswith("RotaryEmbedding") and "dynamic" in str(getattr(module, "rope_type", ""))
+        }
+        self._sequences: dict[int, tuple[object, list[int]]] = {}
+
+    def _forward(self, rows: list[list[int]], cache=None, **kwargs):
+        vocab_size = self.model.config.vocab_size
+        for row in rows:
+            if not row:
+                raise InvalidInputError("tokens must hold at least one token id")
+            bad = [t for t in row if not 0 <= t < vocab_size]
+            if bad:
+                raise TokenOutOfRangeError(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+        for name, module in self._dynamic_rotary.items():
+            parent, _, attribute = name.rpartition(".")
+            setattr(self.model.get_submodule(parent), attribute, copy.deepcopy(module))
+        with self.torch.no_grad():
+            ids = self.torch.tensor(rows, dtype=self.torch.long)
+            return self.model(input_ids=ids, use_cache=cache is not None, **{self._cache_kwarg: cache}, **kwargs)
+
+    def all_logits(self, tokens):
+        return self._forward([list(tokens)]).logits[0].float().numpy()
+
+    def batch_all_logits(self, rows):
+        return self._forward([list(r) for r in rows]).logits.float().numpy()
+
+    def prefill(self, cache_id, tokens):
+        from transformers import DynamicCache
+
+        cache, seen = self._sequences.get(cache_id) or (DynamicCache(), [])
+        logits = self._forward([list(tokens)], cache).logits[0, -1].float().numpy()
+        self._sequences[cache_id] = (cache, seen + list(tokens))
+        return logits
+
+    def decode(self, cache_id, token):
+        self._live(cache_id)
+        return self.prefill(cache_id, [token])
+
+    def release(self, cache_id):
+        self._live(cache_id)
+        del self._sequences[cache_id]
+
+    def reset(self):
+        self._sequences.clear()
+
+    def truncate(self, cache_id, length):
+        _, seen = self._live(cache_id)
+        if not 0 <= length <= len(seen):
+            raise InvalidInputError(f"cannot truncate cache id {cache_id} of length {len(seen)} to {length}")
+        del self._sequences[cache_id]
+        if length:
+            self.prefill(cache_id, seen[:length])
+        else:
+            from transformers import DynamicCache
+
+            self._sequences[cache_id] = (DynamicCache(), [])
+
+    def branches(self, prompt, continuations):
+        self.prefill(-1, prompt)
+        root = self._sequences.pop(-1)
+        out = []
+        for continuation in continuations:
+            self._sequences[-1] = copy.deepcopy(root)
+            out.append([self.decode(-1, token) for token in continuation])
+            del self._sequences[-1]
+        return np.asarray(out)
+
+    def layer_states(self, tokens):
+        # output_hidden_states ends with the final norm applied; hooks read each layer's own output.
+        outputs = []
+
+        def keep(module, inputs, output):
+            outputs.append((output[0] if isinstance(output, tuple) else output)[0].float().numpy())
+
+        hooks = [layer.register_forward_hook(keep) for layer in self.model.model.layers]
+        try:
+            embeddings = self._forward([list(tokens)], output_hidden_states=True).hidden_states[0]
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return np.stack([embeddings[0].float().numpy(), *outputs])
+
+    def _live(self, cache_id):
+        if cache_id not in self._sequences:
+            raise UnknownSequenceError(f"unknown cache id {cache_id}")
+        return self._sequences[cache_id]
+
+
+def transformers_backend(checkpoint) -> TransformersBackend:
+    """Factory: the transformers model for ``checkpoint`` (its config.json and weights), float32, eager."""
+    import torch
+    import transformers
+
+    config = transformers.AutoConfig.for_model(**checkpoint.config_json)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
+    state = {name: torch.from_numpy(np.array(array)) for name, array in checkpoint.tensors.items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [m for m in missing if not (m == "lm_head.weight" and config.tie_word_embeddings)]
+    if missing or unexpected:
+        raise WeightError(
+            f"transformers and the checkpoint disagree: missing {missing[:3]}, unexpected {unexpected[:3]}"
+        )
+    if config.tie_word_embeddings:
+        model.tie_weights()
+    return TransformersBackend(model, f"transformers {type(model).__name__}")

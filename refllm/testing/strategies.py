@@ -1,0 +1,194 @@
+"""Hypothesis strategies for conformance tests: models, weights, inputs and schedules.
+
+Sizes are tiny (a model runs in milliseconds) but every flag that changes the
+arithmetic is drawn: grouped-query ratios, head dims apart from hidden / heads,
+RoPE bases and scaling variants, partial rotary dims, sliding windows shorter
+than the inputs, biases, q/k norms, tied embeddings, Gemma's soft-capping and
+layer-type patterns, and RMSNorm epsilons large enough that misplacing one
+shows in the logits.
+
+``hf_configs()`` draws ``config.json`` dicts that both refllm and transformers
+read; ``checkpoints()`` adds seeded random weights. Token ids start at 3 so
+that no drawn prompt contains the special tokens 0..2 (pad, bos, eos).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import strategies as st
+
+from refllm.testing.checkpoint import Checkpoint
+from refllm.testing.configs import ARCHITECTURES, CLASS_NAMES, check_architectures
+
+FIRST_TOKEN = 3
+MAX_POSITION_EMBEDDINGS = 64  # of every drawn config but the dynamic NTK ones (16, so inputs run past it)
+# Room every drawn config leaves for inputs: prompts plus continuations stay below this.
+MAX_TOTAL_TOKENS = 32
+
+
+@st.composite
+def rope_scalings(draw) -> dict[str, Any] | None:
+    """None or a ``rope_scaling`` dict of one of the scaling variants."""
+    kind = draw(st.sampled_from([None, "linear", "dynamic", "llama3", "yarn"]))
+    if kind is None:
+        return None
+    scaling: dict[str, Any] = {"rope_type": kind, "factor": draw(st.sampled_from([2.0, 4.0]))}
+    if kind == "llama3":
+        scaling |= dict(low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=16)
+    if kind == "yarn":  # transformers expects max_position_embeddings = factor x the original
+        scaling |= dict(original_max_position_embeddings=int(MAX_POSITION_EMBEDDINGS / scaling["factor"]))
+    return scaling
+
+
+@st.composite
+def hf_configs(draw, architectures: tuple[str, ...] = ARCHITECTURES) -> dict[str, Any]:
+    """A tiny ``config.json`` dict for one of ``architectures``."""
+    model_type = draw(st.sampled_from(check_architectures(architectures)))
+    kv_heads = draw(st.integers(1, 2))
+    heads = kv_heads * draw(st.integers(1, 3))  # GQA ratios 1, 2, 3 (and multi-query)
+    head_dim = draw(st.sampled_from([4, 8, 12, 16]))
+    layers = draw(st.integers(1, 2))
+    if model_type in ("phi3", "qwen2"):
+        hidden = heads * head_dim  # these derive head_dim from hidden / heads
+    else:  # a head dim of its own; transformers still wants hidden % heads == 0
+        hidden = heads * draw(st.sampled_from([4, 8]))
+    config: dict[str, Any] = dict(
+        model_type=model_type,
+        architectures=[CLASS_NAMES[model_type]],
+        vocab_size=draw(st.sampled_from([32, 48, 64])),
+        hidden_size=hidden,
+        intermediate_size=draw(st.sampled_from([16, 32, 40])),
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=MAX_POSITION_EMBEDDINGS,
+        rms_norm_eps=draw(st.sampled_from([1e-6, 1e-5, 1e-2, 0.5])),
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    window = draw(st.integers(2, 8))
+    theta = draw(st.sampled_from([10_000.0, 500.0, 1_000_000.0]))
+    if model_type == "gemma3_text":
+        config |= dict(
+            hidden_activation="gelu_pytorch_tanh",
+            sliding_window=window,
+            layer_types=draw(
+                st.lists(st.sampled_from(["sliding_attention", "full_attention"]), min_size=layers, max_size=layers)
+            ),
+            query_pre_attn_scalar=draw(st.sampled_from([head_dim, 24, 256])),
+            final_logit_softcapping=draw(st.sampled_from([None, 3.0])),
+            attention_bias=draw(st.booleans()),
+            rope_parameters={
+                "full_attention": {"rope_type": "default", "rope_theta": theta} | (draw(rope_scalings()) or {}),
+                "sliding_attention": {"rope_type": "default", "rope_theta": draw(st.sampled_from([10_000.0, 100.0]))},
+            },
+        )
+        return config
+    config |= dict(
+        rope_theta=theta,
+        hidden_act=draw(st.sampled_from(["silu", "gelu_pytorch_tanh"])),
+        tie_word_embeddings=draw(st.booleans()),
+    )
+    scaling = draw(rope_scalings()) if model_type != "phi3" else None
+    if scaling is not None:
+        config["rope_scaling"] = scaling
+        if scaling["rope_type"] == "dynamic":
+            config["max_position_embeddings"] = 16  # so inputs run past it and the base grows
+    if model_type == "llama":
+        config |= dict(attention_bias=draw(st.booleans()), mlp_bias=draw(st.booleans()))
+    elif model_type == "qwen3":
+        config |= dict(attention_bias=draw(st.booleans()))
+    elif model_type == "phi3":
+        config |= dict(
+            partial_rotary_factor=draw(st.sampled_from([1.0, 0.5])), sliding_window=draw(st.none() | st.just(window))
+        )
+    elif model_type == "mistral":
+        config |= dict(sliding_window=draw(st.none() | st.just(window)))
+    elif model_type == "qwen2":
+        config |= dict(
+            use_sliding_window=draw(st.booleans()),
+            sliding_window=window,
+            max_window_layers=draw(st.integers(0, layers)),
+        )
+    return config
+
+
+def checkpoints(configs: st.SearchStrategy[dict[str, Any]] | None = None) -> st.SearchStrategy[Checkpoint]:
+    """Seeded random weights for a drawn config, in memory (``Checkpoint.path`` writes safetensors on demand)."""
+    configs = configs if configs is not None else hf_configs()
+    return st.builds(Checkpoint.random, configs, st.integers(0, 2**16))
+
+
+def token_ids(vocab_size: int, min_size: int = 1, max_size: int = 24) -> st.SearchStrategy[list[int]]:
+    return st.lists(st.integers(FIRST_TOKEN, vocab_size - 1), min_size=min_size, max_size=max_size)
+
+
+def chunk_splits(total: int, max_chunks: int = 5) -> st.SearchStrategy[list[int]]:
+    """Chunk lengths (each >= 1) that sum to ``total``."""
+
+    def chunks(cuts: list[int]) -> list[int]:
+        edges = [0, *sorted({c for c in cuts if 0 < c < total}), total]
+        return [b - a for a, b in zip(edges, edges[1:])]
+
+    return st.lists(st.integers(1, max(total - 1, 1)), max_size=max_chunks - 1).map(chunks)
+
+
+OPS = ("prefill", "decode", "decode_batch", "release", "truncate", "reset")
+
+
+@st.composite
+def schedules(
+    draw,
+    vocab_size: int,
+    max_ids: int = 3,
+    max_steps: int = 10,
+    max_len: int = MAX_TOTAL_TOKENS,
+    ops: tuple[str, ...] = OPS,
+) -> list[list]:
+    """An interleaved schedule of operations across cache ids, valid at every step.
+
+    Steps are JSON-ready lists: ``["prefill", id, tokens]`` (starts or continues
+    the sequence), ``["decode", id, token]``, ``["decode_batch", [[id, token], ...]]``
+    (distinct live ids, of any lengths), ``["release", id]``, ``["truncate", id, length]``
+    and ``["reset"]``. No sequence grows past ``max_len`` tokens.
+    """
+    lengths: dict[int, int] = {}
+    steps: list[list] = []
+    for _ in range(draw(st.integers(1, max_steps))):
+        live = sorted(lengths)
+        decodable = [i for i in live if 1 <= lengths[i] < max_len]
+        roomy = [i for i in range(max_ids) if lengths.get(i, 0) < max_len]
+        allowed = dict(prefill=roomy, decode=decodable, decode_batch=decodable, release=live, truncate=live, reset=live)
+        options = [op for op in ops if allowed[op]]
+        if not options:
+            break
+        op = draw(st.sampled_from(options))
+        if op == "prefill":
+            cache_id = draw(st.sampled_from(roomy))
+            tokens = draw(token_ids(vocab_size, 1, min(max_len - lengths.get(cache_id, 0), 12)))
+            lengths[cache_id] = lengths.get(cache_id, 0) + len(tokens)
+            steps.append([op, cache_id, tokens])
+        elif op == "decode":
+            cache_id = draw(st.sampled_from(decodable))
+            lengths[cache_id] += 1
+            steps.append([op, cache_id, draw(st.integers(FIRST_TOKEN, vocab_size - 1))])
+        elif op == "decode_batch":
+            ids = draw(st.lists(st.sampled_from(decodable), min_size=1, max_size=len(decodable), unique=True))
+            for cache_id in ids:
+                lengths[cache_id] += 1
+            steps.append([op, [[i, draw(st.integers(FIRST_TOKEN, vocab_size - 1))] for i in ids]])
+        elif op == "release":
+            cache_id = draw(st.sampled_from(live))
+            del lengths[cache_id]
+            steps.append([op, cache_id])
+        elif op == "truncate":
+            cache_id = draw(st.sampled_from(live))
+            lengths[cache_id] = draw(st.integers(0, lengths[cache_id]))
+            steps.append([op, cache_id, lengths[cache_id]])
+        else:
+            lengths.clear()
+            steps.append(["reset"])
+    return steps

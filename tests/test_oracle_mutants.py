@@ -1,0 +1,23 @@
+"""The kit catches every mutant of the gallery (tests/mutants.py) within a bounded number of cases."""
+
+from __future__ import annotations
+
+from refllm.testing import first_failure
+from tests.mutants import MUTANTS
+
+MAX_CASES_PER_PROPERTY = 40
+
+
+def test_every_mutant_is_caught(capsys):
+    lines, missed = [], []
+    for mutant in MUTANTS:
+        failure, cases = first_failure(mutant, max_examples=MAX_CASES_PER_PROPERTY, threads=1)
+        if failure is None:
+            missed.append(mutant.__name__)
+            lines.append(f"  {mutant.__name__:28} MISSED after {cases} cases")
+        else:
+            lines.append(f"  {mutant.__name__:28} caught by {failure.property:16} after {cases:3} cases")
+    caught = len(MUTANTS) - len(missed)
+    with capsys.disabled():
+        print("\n" + "\n".join(lines) + f"\n{caught}/{len(MUTANTS)} mutants caught")
+    assert not missed, f"{caught}/{len(MUTANTS)} mutants caught; missed: {', '.join(missed)}"
