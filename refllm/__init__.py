@@ -5,6 +5,7 @@ from refllm.kv import CacheConfig
 from refllm.loading import load_model
 from refllm.models.contract import GenerativeModel, InMemorySource, ModelMetadata, ModelSource
 from refllm.models.llama import LlamaFamilyModel
+from refllm.runtime.llm import LLM
 
 __version__ = "0.1.0"
 
@@ -12,6 +13,7 @@ __all__ = [
     "CacheConfig",
     "GenerativeModel",
     "InMemorySource",
+    "LLM",
     "LlamaFamilyModel",
     "ModelConfig",
     "ModelMetadata",

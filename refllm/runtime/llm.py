@@ -1,0 +1,301 @@
+"""LLM: a decoder-only model behind cache ids, over one paged KV arena.
+
+    llm = LLM(model)
+    logits = llm.prefill("chat-1", prompt_ids)          # [V], creates the sequence's cache
+    logits = llm.decode("chat-1", token, pos)            # pos = tokens already consumed
+    rows = llm.decode_batch([("chat-1", t1, p1), (7, t2, p2)])   # one forward pass, rows in order
+    llm.release("chat-1")
+
+Cache ids are any hashable the caller picks; the arena knows sequences by
+int, so the LLM keeps the mapping. Every public method validates all of its
+input before it changes anything, and a forward pass that fails (say the
+arena runs out of blocks) is rolled back, so a refused call leaves the LLM as
+it was.
+
+``decode_batch`` is one ``model.forward`` over [B, 1, D]: each weight matrix
+is applied once to the B stacked rows, and only attention runs per sequence,
+inside the arena's kernel, over that sequence's own blocks.
+
+Prefix caching: ``prefill`` on a new cache id starts it on the arena's cached
+blocks of the same prompt prefix (``match_prefix``) and computes only the
+rest; every token fed afterwards is registered with the arena, so generated
+text becomes reusable prefix too.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from refllm.errors import (
+    ContextLengthError,
+    InvalidInputError,
+    PositionError,
+    TokenOutOfRangeError,
+    UnknownSequenceError,
+)
+from refllm.kv import CacheConfig
+from refllm.kv.paged import ArenaStats, PagedKVArena
+from refllm.models.llama import LlamaFamilyModel
+
+DecodeItem = tuple[Hashable, int, int]  # (cache_id, token, pos)
+
+
+@dataclass(frozen=True)
+class LLMConfig:
+    """What a runtime needs to know about the model and its cache; ``blocks_free`` is live."""
+
+    vocab_size: int
+    context_length: int
+    eos_token_ids: tuple[int, ...]
+    block_size: int
+    num_blocks: int
+    prefix_caching: bool  # new prompts start on cached blocks of an equal prefix
+    count_free_blocks: Callable[[], int] = field(repr=False, compare=False)
+
+    @property
+    def blocks_free(self) -> int:
+        """Blocks no live sequence references, evictable prefix-cache blocks included."""
+        return self.count_free_blocks()
+
+
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    """Blocks that ``num_tokens`` positions of one unshared sequence occupy."""
+    return -(-num_tokens // block_size)
+
+
+class LLM:
+    """Cache-id keyed prefill / decode / decode_batch / release over a ``PagedKVArena``."""
+
+    def __init__(self, model: LlamaFamilyModel, cache_config: CacheConfig | None = None):
+        cache = model.create_kv_cache(cache_config or CacheConfig())
+        if not isinstance(cache, PagedKVArena):
+            raise InvalidInputError(f"LLM runs over the paged arena; cache_config asks for {cache_config.kind!r}")
+        self.model = model
+        self.arena = cache
+        eos = model.tokenizer.eos_token_ids if model.tokenizer is not None else model.config.eos_token_ids
+        self.config = LLMConfig(
+            vocab_size=model.config.vocab_size,
+            context_length=model.config.context_length,
+            eos_token_ids=tuple(eos),
+            block_size=cache.block_size,
+            num_blocks=cache.num_blocks,
+            prefix_caching=cache.config.prefix_caching,
+            count_free_blocks=cache.free_blocks,
+        )
+        self._seq_ids: dict[Hashable, int] = {}  # cache id -> arena sequence id
+        self._new_seq_id = itertools.count()
+
+    # --- queries ------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self.model.config.model_type
+
+    @property
+    def num_parameters(self) -> int:
+        return self.model.config.num_parameters
+
+    def cache_ids(self) -> list[Hashable]:
+        return list(self._seq_ids)
+
+    def __contains__(self, cache_id: Hashable) -> bool:
+        return check_cache_id(cache_id) in self._seq_ids
+
+    def length(self, cache_id: Hashable) -> int:
+        """Tokens consumed by ``cache_id`` so far: the ``pos`` its next token must carry."""
+        return self.arena.length(self._seq_id(cache_id))
+
+    def stats(self) -> ArenaStats:
+        return self.arena.stats()
+
+    # --- the forward passes -------------------------------------------------------------------
+
+    def prefill(self, cache_id: Hashable, tokens: Sequence[int]) -> np.ndarray:
+        """tokens: [T] -> logits [V] after the last one.
+
+        A new cache id starts a sequence (on cached prefix blocks where the
+        arena has them); a live one takes ``tokens`` as its next chunk.
+        """
+        tokens = check_prompt(tokens, self.config.vocab_size)
+        cache_id = check_cache_id(cache_id)
+        if cache_id in self._seq_ids:
+            start = self.length(cache_id)
+            check_room(cache_id, start, len(tokens), self.config.context_length)
+            return self.model.logits(self._extend([self._seq_ids[cache_id]], tokens[None])[0, -1])
+        check_room(cache_id, 0, len(tokens), self.config.context_length)
+        return self.model.logits(self._start(cache_id, tokens)[-1])
+
+    def decode(self, cache_id: Hashable, token: int, pos: int) -> np.ndarray:
+        """One token at position ``pos`` (= tokens already consumed) -> logits [V]."""
+        return self.decode_batch([(cache_id, token, pos)])[0]
+
+    def decode_batch(self, items: Sequence[DecodeItem]) -> list[np.ndarray]:
+        """[(cache_id, token, pos), ...] -> logits [V] per item, in order, from one forward pass."""
+        cache_ids, tokens = check_decode_items(items, self.length, self.config)
+        hidden = self._extend([self._seq_ids[c] for c in cache_ids], tokens[:, None])  # [B, 1, D]
+        return list(self.model.logits(hidden[:, 0]))
+
+    def decode_all_logits(self, cache_id: Hashable, tokens: Sequence[int], pos: int) -> np.ndarray:
+        """tokens: [T] at positions pos .. pos + T - 1 of a live sequence -> logits [T, V], one row per position.
+
+        Speculative decoding verifies a draft with this: one forward pass, then
+        ``truncate`` rolls back the rejected tail.
+        """
+        tokens = check_prompt(tokens, self.config.vocab_size)
+        check_position(check_cache_id(cache_id), pos, self.length(cache_id))
+        check_room(cache_id, pos, len(tokens), self.config.context_length)
+        return self.model.logits(self._extend([self._seq_ids[cache_id]], tokens[None])[0])
+
+    def score(self, tokens: Sequence[int]) -> np.ndarray:
+        """tokens: [T] -> logits [T, V] at every position, from a throwaway cache: the arena is untouched.
+
+        For non-autoregressive use (perplexity, classification), where nothing is generated afterwards.
+        """
+        tokens = check_prompt(tokens, self.config.vocab_size)
+        check_room("score", 0, len(tokens), self.config.context_length)
+        cache = self.model.create_kv_cache(CacheConfig(kind="contiguous"))
+        return self.model.prefill_all_logits(tokens[None], cache, range(len(tokens)))[0]
+
+    # --- sequences ---------------------------------------------------------------------------------
+
+    def fork(self, source_id: Hashable, new_id: Hashable) -> None:
+        """``new_id`` continues from the same tokens as ``source_id``, sharing its blocks until one writes."""
+        source = self._seq_id(source_id)
+        new_id = check_cache_id(new_id)
+        if new_id in self._seq_ids:
+            raise InvalidInputError(f"cannot fork into cache id {new_id!r}: it is live")
+        seq_id = next(self._new_seq_id)
+        self.arena.fork(source, seq_id)
+        self._seq_ids[new_id] = seq_id
+
+    def truncate(self, cache_id: Hashable, length: int) -> None:
+        """Roll ``cache_id`` back to its first ``length`` tokens."""
+        seq_id = self._seq_id(cache_id)
+        self.arena.truncate(seq_id, check_truncate(cache_id, length, self.arena.length(seq_id)))
+
+    def release(self, cache_id: Hashable) -> None:
+        """Free ``cache_id``'s blocks; the full ones stay in the prefix cache until evicted."""
+        self.arena.free(self._seq_id(cache_id))
+        del self._seq_ids[check_cache_id(cache_id)]
+
+    def reset(self) -> None:
+        """Release every cache id and empty the prefix cache."""
+        self.arena.reset()
+        self._seq_ids.clear()
+
+    # --- unchecked internals -------------------------------------------------------------------------
+
+    def _seq_id(self, cache_id: Hashable) -> int:
+        cache_id = check_cache_id(cache_id)
+        if cache_id not in self._seq_ids:
+            raise UnknownSequenceError(f"unknown cache id {cache_id!r}")
+        return self._seq_ids[cache_id]
+
+    def _start(self, cache_id: Hashable, tokens: np.ndarray) -> np.ndarray:
+        """A new sequence: cached prefix blocks, then a forward over the rest -> hidden [T - cached, D].
+
+        Whether the rest fits is known only once the prefix is matched, so a
+        refusal frees the new sequence again (the cached blocks it held go
+        back to the prefix cache).
+        """
+        seq_id = next(self._new_seq_id)
+        cached = self.arena.match_prefix(seq_id, tokens)
+        try:
+            self.arena.reserve([seq_id], len(tokens) - cached)
+            hidden = self.model.forward(self.model.embed(tokens[None, cached:]), self.arena, [seq_id])
+        except BaseException:
+            self.arena.free(seq_id)
+            raise
+        self._seq_ids[cache_id] = seq_id
+        return hidden[0]
+
+    def _extend(self, seq_ids: list[int], tokens: np.ndarray) -> np.ndarray:
+        """tokens: [B, T], row b continuing sequence seq_ids[b] -> hidden [B, T, D]; all or nothing."""
+        self.arena.reserve(seq_ids, tokens.shape[1])  # all or nothing: OutOfBlocksError leaves the arena as it was
+        lengths = [self.arena.length(s) for s in seq_ids]
+        for seq_id, row in zip(seq_ids, tokens):
+            self.arena.register_tokens(seq_id, row)
+        try:
+            return self.model.forward(self.model.embed(tokens), self.arena, seq_ids)
+        except BaseException:
+            for seq_id, length in zip(seq_ids, lengths):
+                self.arena.truncate(seq_id, length)  # also forgets the token ids registered above
+            raise
+
+
+# --- validation, shared with the scripted stand-in in executor.py ----------------------------------
+
+
+def check_prompt(tokens: Any, vocab_size: int) -> np.ndarray:
+    """tokens: a non-empty 1-D sequence of ids in [0, vocab_size) -> [T] int64."""
+    array = np.asarray(tokens)
+    if array.ndim != 1 or array.size == 0 or not (np.issubdtype(array.dtype, np.integer) or array.dtype == object):
+        raise InvalidInputError(f"tokens must be a non-empty list of token ids; got {_describe(tokens)}")
+    return np.array([check_token(t, vocab_size) for t in array], np.int64)
+
+
+def check_token(token: Any, vocab_size: int) -> int:
+    try:
+        token = operator.index(token)
+    except TypeError:
+        raise InvalidInputError(f"a token id must be an integer; got {token!r}") from None
+    if not 0 <= token < vocab_size:
+        raise TokenOutOfRangeError(f"token id {token} is outside the vocabulary [0, {vocab_size})")
+    return token
+
+
+def check_position(cache_id: Hashable, pos: Any, length: int) -> None:
+    if not isinstance(pos, (int, np.integer)) or pos != length:
+        raise PositionError(f"cache id {cache_id!r} has consumed {length} tokens, so pos must be {length}; got {pos!r}")
+
+
+def check_truncate(cache_id: Hashable, length: Any, current: int) -> int:
+    if not isinstance(length, (int, np.integer)) or not 0 <= length <= current:
+        raise InvalidInputError(f"cache id {cache_id!r} holds {current} tokens; cannot truncate it to {length!r}")
+    return int(length)
+
+
+def check_room(cache_id: Hashable, start: int, num_new: int, context_length: int) -> None:
+    if start + num_new > context_length:
+        raise ContextLengthError(
+            f"cache id {cache_id!r} would hold {start + num_new} tokens, past the context length {context_length}"
+        )
+
+
+def check_decode_items(
+    items: Sequence[DecodeItem], length_of: Callable[[Hashable], int], config: LLMConfig
+) -> tuple[list[Hashable], np.ndarray]:
+    """Every item of a decode batch, checked before anything runs -> (cache ids, tokens [B] int64)."""
+    if isinstance(items, (str, bytes)) or not isinstance(items, Sequence) or not items:
+        raise InvalidInputError(f"decode_batch takes a non-empty list of (cache_id, token, pos); got {items!r:.80}")
+    cache_ids, tokens = [], []
+    for item in items:
+        if not isinstance(item, (tuple, list)) or len(item) != 3:
+            raise InvalidInputError(f"each decode item is (cache_id, token, pos); got {item!r:.80}")
+        cache_id, token, pos = check_cache_id(item[0]), item[1], item[2]
+        if cache_id in cache_ids:
+            raise InvalidInputError(f"cache id {cache_id!r} appears twice in one decode batch")
+        check_position(cache_id, pos, length_of(cache_id))
+        check_room(cache_id, pos, 1, config.context_length)
+        cache_ids.append(cache_id)
+        tokens.append(check_token(token, config.vocab_size))
+    return cache_ids, np.array(tokens, np.int64)
+
+
+def check_cache_id(cache_id: Any) -> Hashable:
+    try:
+        hash(cache_id)
+    except TypeError:
+        raise InvalidInputError(f"a cache id must be hashable (an int or a str, say); got {cache_id!r:.80}") from None
+    return cache_id
+
+
+def _describe(value: Any) -> str:
+    array = np.asarray(value)
+    return f"{type(value).__name__} of dtype {array.dtype} and shape {array.shape}"
