@@ -150,8 +150,8 @@ class RopeTable:
         self.head_dim = head_dim
         self.max_position_embeddings = max_position_embeddings
         self.inv_freq, self.attention_factor = inverse_frequencies(params, head_dim, max_position_embeddings)
-        self.cos = np.zeros((0, rotary_dims(params, head_dim)), np.float32)
-        self.sin = self.cos
+        empty = np.zeros((0, rotary_dims(params, head_dim)), np.float32)
+        self.table = (empty, empty)  # (cos, sin), replaced whole so a concurrent reader never mixes sizes
 
     def lookup(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """positions: [B, T] -> cos, sin: [B, T, R]."""
@@ -159,7 +159,8 @@ class RopeTable:
         if self.params.rope_type == "dynamic" and seq_len > self.max_position_embeddings:
             inv_freq, factor = inverse_frequencies(self.params, self.head_dim, self.max_position_embeddings, seq_len)
             return cos_sin(inv_freq, positions, factor)
-        if seq_len > len(self.cos):
-            size = max(seq_len, 2 * len(self.cos), 256)
-            self.cos, self.sin = cos_sin(self.inv_freq, np.arange(size), self.attention_factor)
-        return self.cos[positions], self.sin[positions]
+        cos, sin = self.table
+        if seq_len > len(cos):
+            size = max(seq_len, 2 * len(cos), 256)
+            cos, sin = self.table = cos_sin(self.inv_freq, np.arange(size), self.attention_factor)
+        return cos[positions], sin[positions]

@@ -1,0 +1,15 @@
+"""An OpenAI-compatible HTTP server over one continuous-batching Engine.
+
+    refllm serve --model smollm2-135m --port 8000       # the command line
+    serve(model, port=8000)                              # the same, from Python
+    app = create_app(engine_or_model)                    # the Starlette app, to mount or run yourself
+    with BackgroundServer(app) as server: ...            # on a thread, port 0 by default (tests, notebooks)
+
+Endpoints: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions`` (both
+with SSE streaming), ``/v1/embeddings`` and ``/v1/model/info``. See docs/server.md.
+"""
+
+from refllm.server.app import create_app
+from refllm.server.run import BackgroundServer, add_cli, serve
+
+__all__ = ["BackgroundServer", "add_cli", "create_app", "serve"]

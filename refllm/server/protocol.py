@@ -1,0 +1,238 @@
+"""The OpenAI wire format: reading request fields, writing logprobs, errors and server-sent events.
+
+Every refusal is a ``RequestError``, which the app turns into OpenAI's error
+shape, ``{"error": {"message", "type", "param", "code"}}``, naming the field
+that was wrong. Fields the server does not know are ignored (clients send
+``user``, ``store`` and the like); fields it knows but cannot honour are
+refused rather than silently dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from refllm.runtime.sampling import SamplingParams
+
+MAX_TOP_LOGPROBS = 20
+# Fields whose non-default values this server cannot honour, and the values that are harmless.
+UNSUPPORTED = {
+    "logit_bias": ({},),
+    "suffix": ("",),
+    "echo": (False,),
+    "tools": ([],),
+    "functions": ([],),
+    "tool_choice": ("none", "auto"),
+    "function_call": ("none", "auto"),
+    "response_format": ({"type": "text"},),
+}
+
+
+class RequestError(Exception):
+    """A request the server refuses; ``status`` and the fields of OpenAI's error body."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        status: int = 400,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+    ):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.status = status
+        self.type = type
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    """The request body -> its JSON object."""
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise RequestError(f"the request body is not valid JSON: {error}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise RequestError(f"the request body must be a JSON object, not {type(body).__name__}")
+    return body
+
+
+def number(
+    body: dict[str, Any], name: str, default: float, low: float, high: float = math.inf, *, open_low: bool = False
+) -> float:
+    """A finite number in [low, high] (in (low, high] with ``open_low``); absent or null gives ``default``."""
+    value = body.get(name)
+    if value is None:
+        return default
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not (is_number and (low < value if open_low else low <= value) and value <= high):
+        if high == math.inf:
+            bounds = f"> {low}" if open_low else f">= {low}"
+        else:
+            bounds = f"in {'(' if open_low else '['}{low}, {high}]"
+        raise RequestError(f"{name} must be a number {bounds}; got {value!r:.50}", param=name)
+    return float(value)
+
+
+def integer(body: dict[str, Any], name: str, default: int | None, low: int, high: int | None = None) -> int | None:
+    """An integer in [low, high] (no upper bound when high is None); absent or null gives ``default``."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise RequestError(f"{name} must be an integer {bounds}; got {value!r:.50}", param=name)
+    return value
+
+
+def boolean(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise RequestError(f"{name} must be true or false; got {value!r:.50}", param=name)
+    return value
+
+
+def string(body: dict[str, Any], name: str) -> str:
+    """A required string."""
+    value = body.get(name)
+    if value is None:
+        raise RequestError(f"the request has no {name}", param=name)
+    if not isinstance(value, str):
+        raise RequestError(f"{name} must be a string; got {value!r:.50}", param=name)
+    return value
+
+
+def check_supported(body: dict[str, Any]) -> None:
+    """Refuse a field this server knows but cannot honour, unless it holds a harmless value."""
+    for name, harmless in UNSUPPORTED.items():
+        if body.get(name) is not None and body[name] not in harmless:
+            raise RequestError(f"{name} is not supported by this server", param=name, code="unsupported_parameter")
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != body.get("n", 1):
+        raise RequestError("best_of other than n is not supported by this server", param="best_of")
+
+
+def stop_strings(body: dict[str, Any]) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise RequestError("stop must be a non-empty string or a list of them", param="stop")
+    return tuple(stops)
+
+
+def sampling_params(body: dict[str, Any], *, max_tokens: int, logprobs: int | None, max_n: int) -> SamplingParams:
+    """The sampling fields shared by completions and chat completions (OpenAI's defaults) -> SamplingParams.
+
+    ``top_k``, ``min_p``, ``repetition_penalty`` and ``ignore_eos`` are accepted as
+    extensions, with the names vLLM gives them.
+    """
+    return SamplingParams(
+        temperature=number(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=number(body, "top_p", 1.0, 0.0, 1.0, open_low=True),
+        top_k=integer(body, "top_k", 0, 0),
+        min_p=number(body, "min_p", 0.0, 0.0, 1.0),
+        repetition_penalty=number(body, "repetition_penalty", 1.0, 0.0, open_low=True),
+        presence_penalty=number(body, "presence_penalty", 0.0, -2.0, 2.0),
+        frequency_penalty=number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+        seed=integer(body, "seed", None, 0),
+        max_tokens=max_tokens,
+        stop=stop_strings(body),
+        logprobs=logprobs,
+        n=integer(body, "n", 1, 1, max_n),
+        ignore_eos=boolean(body, "ignore_eos"),
+    )
+
+
+def token_id_lists(value: Any) -> list[list[int]] | None:
+    """A prompt given as token ids (one list, or a list of lists) -> the lists; None if it is not one."""
+
+    def is_ids(v: Any) -> bool:
+        return isinstance(v, list) and bool(v) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
+
+    if is_ids(value):
+        return [value]
+    if isinstance(value, list) and value and all(is_ids(v) for v in value):
+        return value
+    return None
+
+
+def texts(value: Any) -> list[str] | None:
+    """A prompt given as text (one string, or a list of them) -> the strings; None if it is not one."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return value
+    return None
+
+
+def message_text(content: Any, index: int) -> str:
+    """A chat message's content, a string or a list of text parts, -> its text."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list) and all(isinstance(p, dict) for p in content):
+        if all(p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+            return "".join(p["text"] for p in content)
+        raise RequestError("only text content parts are supported by this server", param=f"messages[{index}].content")
+    raise RequestError("content must be a string or a list of content parts", param=f"messages[{index}].content")
+
+
+def messages(body: dict[str, Any]) -> list[dict[str, str]]:
+    """The ``messages`` field -> [{"role", "content"}], content flattened to text."""
+    value = body.get("messages")
+    if not isinstance(value, list) or not value:
+        raise RequestError("messages must be a non-empty list of messages", param="messages")
+    result = []
+    for index, message in enumerate(value):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise RequestError("each message must be an object with a string role", param=f"messages[{index}]")
+        result.append({"role": message["role"], "content": message_text(message.get("content"), index)})
+    return result
+
+
+# --- responses --------------------------------------------------------------------------------
+
+TokenLogprob = tuple[str, float, list[tuple[str, float]]]  # (token text, logprob, [(text, logprob)] of the top-n)
+LOWEST_LOGPROB = -9999.0  # JSON has no -inf
+
+
+def clamp(logprob: float) -> float:
+    return max(logprob, LOWEST_LOGPROB)
+
+
+def chat_logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:
+    """Chat's ``logprobs``: one entry per token, with its UTF-8 bytes and its top alternatives."""
+
+    def entry(token: str, logprob: float) -> dict[str, Any]:
+        return {"token": token, "logprob": clamp(logprob), "bytes": list(token.encode())}
+
+    content = [entry(t, lp) | {"top_logprobs": [entry(a, alp) for a, alp in top]} for t, lp, top in entries]
+    return {"content": content, "refusal": None}
+
+
+def completion_logprobs(entries: list[TokenLogprob], offset: int) -> dict[str, Any]:
+    """Completions' ``logprobs``, column by column; ``text_offset`` counts from ``offset`` in the completion."""
+    offsets = []
+    for token, _, _ in entries:
+        offsets.append(offset)
+        offset += len(token)
+    return {
+        "tokens": [t for t, _, _ in entries],
+        "token_logprobs": [clamp(lp) for _, lp, _ in entries],
+        "top_logprobs": [{a: clamp(alp) for a, alp in top} for _, _, top in entries],
+        "text_offset": offsets,
+    }
+
+
+def sse(data: dict[str, Any] | str) -> str:
+    """One server-sent event carrying ``data`` (a JSON object, or ``[DONE]``)."""
+    return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
