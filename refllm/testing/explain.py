@@ -100,7 +100,8 @@ def first_divergent_layer(backend: Backend, reference: Backend, tokens: list[int
     expected = reference.layer_states(tokens)
     if np.shape(states) != expected.shape:
         return f"per-layer hidden states have shape {np.shape(states)}, the reference's {expected.shape}"
-    prefix = f"prefilling those {count(len(tokens), 'token')} in one shot,"
+    subject = "that token" if len(tokens) == 1 else f"those {len(tokens)} tokens in one shot"
+    prefix = f"prefilling {subject},"
     for index, (got, want) in enumerate(zip(states, expected)):
         if not profile.close_scaled(got, want):
             delta = np.abs(got - want)  # [T, D]

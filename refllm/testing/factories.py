@@ -44,7 +44,7 @@ def load_factory(spec: str) -> Callable:
 def factory_spec(factory: Callable) -> str | None:
     """The ``module:factory`` string that finds ``factory`` again, if there is one."""
     module, name = getattr(factory, "__module__", None), getattr(factory, "__qualname__", "")
-    if not module or "<" in name:
+    if not module or module == "__main__" or "<" in name:  # a script's or notebook's factory cannot be named
         return None
     try:
         return f"{module}:{name}" if load_factory(f"{module}:{name}") is factory else None
