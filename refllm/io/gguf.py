@@ -13,7 +13,10 @@ what ``refllm/models`` expects from any checkpoint:
   the q/k row permutation of ``llama`` files and Gemma's norm weights stored
   with 1 added. The other architectures here are stored as Hugging Face has them.
 
-Tensors are dequantized when ``tensor(name)`` asks for them, one at a time.
+Tensors are dequantized when ``tensor(name)`` asks for them, one at a time;
+with ``quantized=True`` a matrix in a format the quantized kernels read is
+handed out as a ``QuantizedTensor`` over its blocks instead (the q/k row
+permutation moves whole rows, so it is undone on the blocks as stored).
 Every refusal is a ``GGUFFileError`` naming the file and the problem.
 
 Dimension letters: H query heads, K KV heads, E head dim, D hidden size.
@@ -32,6 +35,7 @@ from refllm.config import ConfigError, ModelConfig
 from refllm.errors import WeightError
 from refllm.io.gguf_tokenizer import MissingTokenizerKeyError, UnsupportedTokenizerError, tokenizer_from_gguf
 from refllm.quant.formats import FORMATS, dequantize
+from refllm.quant.linear import QuantizedTensor, kernel_reads
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", "gemma3")
 _MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma3": "gemma3_text"}
@@ -142,8 +146,9 @@ def hf_name(gguf_name: str, architecture: str) -> str | None:
 class GGUFSource:
     """A ModelSource for one GGUF file."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, quantized: bool = False):
         self.path = Path(path)
+        self.quantized = quantized
         self.reader = self._open()
         self.architecture = self._architecture()
         self._tensors = self._map_tensors()  # Hugging Face name -> gguf.ReaderTensor
@@ -158,11 +163,16 @@ class GGUFSource:
     def tensor_names(self) -> list[str]:
         return list(self._tensors)
 
-    def tensor(self, name: str) -> np.ndarray:
-        """The named tensor as float32 in Hugging Face layout, [out, in] for a projection."""
+    def tensor(self, name: str) -> np.ndarray | QuantizedTensor:
+        """The named tensor in Hugging Face layout, [out, in] for a projection: float32, or its blocks
+        (``QuantizedTensor``) when the source is ``quantized`` and a kernel reads the format."""
         stored = self._tensors[name]
         shape = tuple(int(n) for n in reversed(stored.shape))  # GGUF lists dimensions innermost first
-        return self._undo_conversion(name, dequantize(stored.data, stored.tensor_type.name, shape))
+        kind = stored.tensor_type.name
+        if self.quantized and kernel_reads(kind, shape):
+            rows = QuantizedTensor.from_raw(stored.data, kind, shape).blocks  # [out, row bytes]
+            return QuantizedTensor(self._undo_conversion(name, rows), kind, shape)
+        return self._undo_conversion(name, dequantize(stored.data, kind, shape))
 
     def where(self, name: str | None) -> str:
         if name is None:

@@ -1,322 +1,692 @@
 """Numba products with GGML-quantized weights: y = x @ W.T, W read from its blocks.
 
-W arrives as a GGUF file stores it: ``blocks`` [R, R_bytes] uint8, row r the
-C / B blocks of weight row r, in one of the layouts of
-``refllm/quant/formats.py`` (each documented beside its NumPy dequantizer
-there). x is float32 and stays float32.
+W [R, C] arrives as a GGUF file stores it: ``blocks`` [R, R_bytes] uint8, row
+r the C / B blocks of weight row r, in one of the layouts that
+``refllm/quant/formats.py`` draws and dequantizes (the NumPy spec). x stays
+float32. docs/quantization.md tells the whole story; in short:
 
-Every kernel works a row at a time: it decodes weight row r into a float32
-scratch row of C weights (small enough to stay in L1), then takes that row's
-dot product with each row of x. So a row's bytes are read once per call,
-whatever the number of tokens, and the arithmetic is two simple loops.
+- ``quant_matvec`` (decode, one token): four rows at a time; each group of
+  weights is decoded in registers and multiplied into x at once, and the rows
+  16 ahead are prefetched from DRAM meanwhile.
+- ``quant_matmul`` (prefill, batched decode, T >= 2 tokens): each row is
+  decoded once into a float32 scratch, then multiplied into the tokens four
+  rows by four tokens at a time (``_tile4x4``).
+- ``dequantize_rows``: the decoder alone.
 
-The row decoders ``_<format>_row`` are the kernels' NumPy twins'
-(``refllm.quant.formats.dequantize_<format>``) loop for loop: the same float32
-operations in the same order, without fast-math, so a decoded row equals the
-spec bit for bit (only NaN payloads are not kept). The dot product is the one
-place whose rounding differs from the spec's ``x @ W.T``: it sums in the order
-LLVM's vectoriser picks (``_dot``). docs/quantization.md derives the
-tolerance.
+The first two are parallel over tasks of ``ROWS_PER_TASK`` rows, and each has a
+``_serial`` twin for products too small to repay waking a thread pool.
 
-Vectorisation: LLVM vectorises the inner loop of every row decoder and of
-``_dot``; ``tests/test_quant_kernels.py`` asserts it on the optimised LLVM IR
-of each (``inspect_llvm``: float vector instructions), and on this machine's
-AVX-512 ``inspect_asm`` shows vpmovzxb*/vcvt*2ps/vfmadd*ps on ymm/zmm
-registers. The decoders' inner loops run over slices whose length LLVM cannot
-fold to a constant: a loop of a constant 16 or 32 iterations is fully unrolled
-into scalar code before the loop vectoriser ever sees it.
+How a row is walked. A row splits into *groups* read by L *lanes* in lockstep
+(SIMD lanes once vectorised). Lane j of group g holds two weights,
+w[base + j] and w[base + gap + j] with (base, gap, L) = ``_<family>_layout(g)``,
+each of the form w = a q + c: a scale a and offset c per group (or per
+sub-block), an integer q per weight. Per format,
+
+    _<format>_params(row, g)        -> (a_first, c_first, a_second, c_second, bits), read once a group
+    _<format>_lane(row, g, j, bits) -> (q_first, q_second), integers as float32
+
+and ``_walks`` builds the format's decoder and decode product from them. The families:
+
+    32-weight blocks (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0)  group = block g; L = 16, gap 16
+    Q4_K, Q5_K                                    group = a pair of 32-weight sub-blocks
+                                                  (low and high nibbles of the same 32 bytes); L = 32, gap 32
+    Q2_K, Q3_K, Q6_K                              group = two 16-weight sub-blocks 64 apart
+                                                  that share their bytes; L = 16, gap 64
+
+Exactness. a, c and q are the spec's numbers and a q + c is computed with the
+spec's float32 operations, in functions compiled without fast-math (a caller's
+flags do not reach into them), so ``dequantize_rows`` equals the spec bit for
+bit. Only the products (``_SUM``) round differently from NumPy's ``x @ W.T``;
+docs/quantization.md derives the bound the tests hold them to. The layouts live
+in this one module on purpose: Numba invalidates a cached function when its own
+file changes, and every kernel inlines every lane.
+
+Vectorisation is asserted on the optimised LLVM IR by tests/test_quant_kernels.py.
+On this project's AVX-512 machine ``inspect_asm`` shows the lane loop of
+``_dot4_<format>`` as 16-lane vpmovzxbd/vcvtdq2ps/vfmadd231ps on zmm registers,
+and ``_tile4x4``'s loop as sixteen zmm vfmadd231ps accumulators.
 
 Dimension letters: R weight rows (outputs), C columns (inputs), T tokens,
-B weights per block.
+g group, j lane.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
-from refllm.quant.formats import FORMATS
 
-# Formats with a row decoder, by kernel code (a small int the compiled kernels branch on).
+# The formats the kernels read, by kernel code (the small int the compiled kernels branch on).
 KERNEL_FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 FORMAT_CODES = {name: code for code, name in enumerate(KERNEL_FORMATS)}
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = range(len(KERNEL_FORMATS))
-TYPE_SIZES = np.array([FORMATS[name].type_size for name in KERNEL_FORMATS], np.int64)
-BLOCK_SIZES = np.array([FORMATS[name].block_size for name in KERNEL_FORMATS], np.int64)
 
-# Rows per parallel task: each task allocates one scratch row, so tasks must not be single rows;
-# 16 rows still give a 192-row projection 12 tasks to share between cores.
+# How far ahead of the rows being multiplied ``quant_matvec`` prefetches. Decoding streams every
+# weight from DRAM once per token; without the hint a thread waits out each cache miss (4.8 GB/s
+# on one core of the project's machine, 6.5 on two), with rows 16 ahead requested it does not
+# (12 and 19 GB/s; 8 rows ahead reached the same on two cores, 4 did not).
+PREFETCH_ROWS = 16
+
+# Rows per parallel task: a multiple of the 4 rows ``_dot4_<format>`` takes, and enough rows that
+# ``quant_matmul``'s one scratch row per task is no cost; 16 still gives a 192-row projection 12 tasks.
 ROWS_PER_TASK = 16
 
-# 2^(e - 25) for float16 exponent field e = 1..30; entry 0 serves subnormals (2^-24).
-_F16_POWERS = np.array([2.0**-24] + [2.0 ** (e - 25) for e in range(1, 31)] + [np.inf], np.float32)
+# Fast-math flags of the dot products, and only of them: reassoc lets LLVM keep several vector
+# partial sums (a float sum is otherwise one serial chain, which stays scalar), contract lets it
+# fuse multiply and add. Infinities and NaNs still propagate as IEEE says.
+_SUM = {"reassoc", "contract"}
+
+# The offset c of a format whose weights have none (w = a q): -0.0, because x + -0.0 == x for every
+# x, signed zeros included, so a q + c is then exactly the spec's a q.
+_NO_OFFSET = np.float32(-0.0)
+
+
+# float16 bits -> float32, as NumPy converts them (NaN payloads included). One
+# table load per scale is cheaper than decoding exponent and mantissa in scalar
+# code, and the scales of a real tensor touch only a few of its cache lines.
+_F16_TO_F32 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 
 
 @njit(cache=True)
-def _f16(low: int, high: int) -> np.float32:
-    """Two little-endian bytes of an IEEE float16 -> float32 (Numba has no float16)."""
-    bits = np.int32(low) | (np.int32(high) << 8)
-    exponent = (bits >> 10) & 31
-    mantissa = bits & 1023
-    if exponent == 31:
-        value = np.float32(np.inf) if mantissa == 0 else np.float32(np.nan)
-    elif exponent == 0:
-        value = np.float32(mantissa) * _F16_POWERS[0]
-    else:
-        value = np.float32(mantissa | 1024) * _F16_POWERS[exponent]
-    return -value if bits & 0x8000 else value
-
-
-# ---- row decoders: row [C / B * type_size] uint8 -> out [C] float32 --------------------------------
+def _f16(row: np.ndarray, offset: int) -> np.float32:
+    """The little-endian float16 at byte ``offset`` of ``row``, as float32."""
+    return _F16_TO_F32[np.int64(row[offset]) | np.int64(row[offset + 1]) << 8]
 
 
 @njit(cache=True)
-def _q4_0_row(row: np.ndarray, out: np.ndarray) -> None:
-    """Q4_0 (18 bytes): d f16 | 16 bytes, byte j = weight j (low nibble), j + 16 (high); w = d * (q - 8)."""
-    for b in range(out.shape[0] // 32):
-        d = _f16(row[18 * b], row[18 * b + 1])
-        qs = row[18 * b + 2 : 18 * b + 18]
-        low, high = out[32 * b : 32 * b + 16], out[32 * b + 16 : 32 * b + 32]
-        for j in range(qs.shape[0]):
-            low[j] = d * np.float32(np.int8(qs[j] & 15) - np.int8(8))
-            high[j] = d * np.float32(np.int8(qs[j] >> 4) - np.int8(8))
+def _at(row: np.ndarray, index: int) -> int:
+    """row[index] for index >= 0. The unsigned index spares Numba's negative-index wraparound, a per-lane
+    select that keeps LLVM from seeing that consecutive lanes read consecutive bytes (it then
+    loads them one by one)."""
+    return row[np.uint64(index)]
+
+
+@intrinsic
+def _prefetch(typingctx, array, index):
+    """Hint the CPU to fetch array[index]'s cache line for reading (LLVM's llvm.prefetch:
+    read, keep in all cache levels, data cache). Numba has no prefetch of its own."""
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        byte_pointer = ir.IntType(8).as_pointer()
+        int32 = ir.IntType(32)
+        hint = ir.FunctionType(ir.VoidType(), [byte_pointer, int32, int32, int32])
+        prefetch = cgutils.get_or_insert_function(builder.module, hint, "llvm.prefetch.p0")
+        address = builder.bitcast(builder.gep(data, [args[1]]), byte_pointer)
+        builder.call(prefetch, [address, int32(0), int32(3), int32(1)])
+        return context.get_dummy_value()
+
+    return types.void(array, index), codegen
 
 
 @njit(cache=True)
-def _q4_1_row(row: np.ndarray, out: np.ndarray) -> None:
-    """Q4_1 (20 bytes): d f16 | m f16 | 16 bytes as Q4_0; w = d * q + m."""
-    for b in range(out.shape[0] // 32):
-        d, m = _f16(row[20 * b], row[20 * b + 1]), _f16(row[20 * b + 2], row[20 * b + 3])
-        qs = row[20 * b + 4 : 20 * b + 20]
-        low, high = out[32 * b : 32 * b + 16], out[32 * b + 16 : 32 * b + 32]
-        for j in range(qs.shape[0]):
-            low[j] = d * np.float32(qs[j] & 15) + m
-            high[j] = d * np.float32(qs[j] >> 4) + m
+def _prefetch_rows(blocks: np.ndarray, first: int, count: int) -> None:
+    """Prefetch every cache line of rows first .. first + count - 1 that exist."""
+    for r in range(first, min(first + count, blocks.shape[0])):
+        row = blocks[r]
+        for offset in range(0, row.shape[0], 64):
+            _prefetch(row, offset)
 
 
 @njit(cache=True)
-def _high_bits(qh: np.ndarray) -> np.uint32:
-    """4 little-endian bytes -> uint32."""
-    return np.uint32(qh[0]) | np.uint32(qh[1]) << 8 | np.uint32(qh[2]) << 16 | np.uint32(qh[3]) << 24
+def _nibbles(byte: int) -> tuple[np.float32, np.float32]:
+    """A byte's low and high nibble, as float32.
 
-
-@njit(cache=True)
-def _q5_0_row(row: np.ndarray, out: np.ndarray) -> None:
-    """Q5_0 (22 bytes): d f16 | qh u32, bit i = bit 4 of weight i | 16 bytes as Q4_0; w = d * (q - 16)."""
-    for b in range(out.shape[0] // 32):
-        o = 22 * b
-        d = _f16(row[o], row[o + 1])
-        qh = _high_bits(row[o + 2 : o + 6])
-        qs = row[o + 6 : o + 22]
-        low, high = out[32 * b : 32 * b + 16], out[32 * b + 16 : 32 * b + 32]
-        for j in range(qs.shape[0]):
-            q_low = (qs[j] & 15) | ((qh >> j) & 1) << 4
-            q_high = (qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4
-            low[j] = d * np.float32(np.int8(q_low) - np.int8(16))
-            high[j] = d * np.float32(np.int8(q_high) - np.int8(16))
-
-
-@njit(cache=True)
-def _q5_1_row(row: np.ndarray, out: np.ndarray) -> None:
-    """Q5_1 (24 bytes): d f16 | m f16 | qh as Q5_0 | 16 bytes as Q4_0; w = d * q + m."""
-    for b in range(out.shape[0] // 32):
-        o = 24 * b
-        d, m = _f16(row[o], row[o + 1]), _f16(row[o + 2], row[o + 3])
-        qh = _high_bits(row[o + 4 : o + 8])
-        qs = row[o + 8 : o + 24]
-        low, high = out[32 * b : 32 * b + 16], out[32 * b + 16 : 32 * b + 32]
-        for j in range(qs.shape[0]):
-            low[j] = d * np.float32((qs[j] & 15) | ((qh >> j) & 1) << 4) + m
-            high[j] = d * np.float32((qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4) + m
-
-
-@njit(cache=True)
-def _q8_0_row(row: np.ndarray, out: np.ndarray) -> None:
-    """Q8_0 (34 bytes): d f16 | 32 int8; w = d * q."""
-    for b in range(out.shape[0] // 32):
-        d = _f16(row[34 * b], row[34 * b + 1])
-        qs = row[34 * b + 2 : 34 * b + 34]
-        w = out[32 * b : 32 * b + 32]
-        for j in range(qs.shape[0]):
-            w[j] = d * np.float32(np.int8(qs[j]))
-
-
-@njit(cache=True)
-def _q2_k_row(row: np.ndarray, out: np.ndarray) -> None:
-    """Q2_K (84 bytes): 16 scale|min nibble bytes | 64 bytes of 2-bit q | d f16 | dmin f16.
-
-    Weight 128h + 32s + l (sub-block 8h + 2s + l // 16) is bits 2s..2s+1 of q byte 32h + l;
-    w = d * scale * q - dmin * min.
+    Split in float arithmetic (exact for these small integers): LLVM then keeps
+    16 lanes of 32 bits per AVX-512 register. The integer split (& 15, >> 4)
+    is typed int64 by Numba and vectorises 8 lanes at a time.
     """
-    for b in range(out.shape[0] // 256):
-        o = 84 * b
-        d, dmin = _f16(row[o + 80], row[o + 81]), _f16(row[o + 82], row[o + 83])
-        for half in range(2):
-            for shift in range(4):
-                for part in range(2):
-                    sub = 8 * half + 2 * shift + part
-                    scale = d * np.float32(row[o + sub] & 15)
-                    offset = dmin * np.float32(row[o + sub] >> 4)
-                    first = 16 + 32 * half + 16 * part
-                    qs = row[o + first : o + first + 16]
-                    w = out[256 * b + 16 * sub : 256 * b + 16 * sub + 16]
-                    for j in range(qs.shape[0]):
-                        w[j] = scale * np.float32((qs[j] >> (2 * shift)) & 3) - offset
+    value = np.float32(byte)
+    high = np.floor(value * np.float32(0.0625))
+    return value - np.float32(16.0) * high, high
 
 
 @njit(cache=True)
-def _q3_k_scale(scales: np.ndarray, j: int) -> np.float32:
-    """Signed 6-bit scale j of Q3_K's 12 scale bytes (see formats._q3_k_scales)."""
-    low = np.int64(scales[j]) & 15 if j < 8 else np.int64(scales[j - 8]) >> 4
-    high = (np.int64(scales[8 + j % 4]) >> (2 * (j // 4))) & 3
-    return np.float32(np.int8(low | high << 4) - np.int8(32))
+def _bit(value: int, k: int) -> np.float32:
+    """Bit k of ``value``, as float32 (0.0 or 1.0)."""
+    return np.float32((value >> k) & 1)
 
 
 @njit(cache=True)
-def _q3_k_row(row: np.ndarray, out: np.ndarray) -> None:
-    """Q3_K (110 bytes): 32 bytes hmask | 64 bytes of 2-bit q | 12 scale bytes | d f16.
+def _u32(row: np.ndarray, offset: int) -> int:
+    """The little-endian uint32 at byte ``offset`` of ``row``."""
+    value = 0
+    for i in range(4):
+        value |= np.int64(row[offset + i]) << (8 * i)
+    return value
 
-    Weight i = 128h + 32s + l: bits 0-1 as Q2_K, bit 2 is bit (i // 32) of hmask byte l,
-    a clear bit subtracting 4; w = d * scale[i // 16] * q.
-    """
-    for b in range(out.shape[0] // 256):
-        o = 110 * b
-        d = _f16(row[o + 108], row[o + 109])
-        for half in range(2):
-            for shift in range(4):
-                for part in range(2):
-                    sub = 8 * half + 2 * shift + part
-                    scale = d * _q3_k_scale(row[o + 96 : o + 108], sub)
-                    first = 32 + 32 * half + 16 * part
-                    qs = row[o + first : o + first + 16]
-                    hmask = row[o + 16 * part : o + 16 * part + 16]
-                    w = out[256 * b + 16 * sub : 256 * b + 16 * sub + 16]
-                    plane = 4 * half + shift
-                    for j in range(qs.shape[0]):
-                        minus_four = (((hmask[j] >> plane) & 1) ^ 1) << 2
-                        w[j] = scale * np.float32(np.int8((qs[j] >> (2 * shift)) & 3) - np.int8(minus_four))
+
+# ---- 32-weight blocks: group g is block g; lane j yields weights j and j + 16 -----------------------
 
 
 @njit(cache=True)
-def _k_scale_min(scales: np.ndarray, j: int) -> tuple[np.float32, np.float32]:
-    """6-bit scale and min of sub-block j from Q4_K/Q5_K's 12 scale bytes (see formats._k_scales_and_mins)."""
-    if j < 4:
-        return np.float32(scales[j] & 63), np.float32(scales[j + 4] & 63)
-    scale = (scales[j + 4] & 15) | (scales[j - 4] >> 6) << 4
-    minimum = (scales[j + 4] >> 4) | (scales[j] >> 6) << 4
+def _block32_layout(g: int) -> tuple[int, int, int]:
+    return 32 * g, 16, 16
+
+
+@njit(cache=True)
+def _q4_0_params(row: np.ndarray, g: int) -> tuple:
+    d = _f16(row, 18 * g)
+    return d, _NO_OFFSET, d, _NO_OFFSET, 0
+
+
+@njit(cache=True)
+def _q4_0_lane(row: np.ndarray, g: int, j: int, bits: int) -> tuple[np.float32, np.float32]:
+    """bytes 0-1 d | 2-17 qs: byte j holds q_j (low nibble), q_{j+16} (high); w = d * (q - 8)."""
+    low, high = _nibbles(_at(row, 18 * g + 2 + j))
+    return low - np.float32(8.0), high - np.float32(8.0)
+
+
+@njit(cache=True)
+def _q4_1_params(row: np.ndarray, g: int) -> tuple:
+    d, m = _f16(row, 20 * g), _f16(row, 20 * g + 2)
+    return d, m, d, m, 0
+
+
+@njit(cache=True)
+def _q4_1_lane(row: np.ndarray, g: int, j: int, bits: int) -> tuple[np.float32, np.float32]:
+    """bytes 0-1 d | 2-3 m | 4-19 qs as Q4_0; w = d * q + m."""
+    return _nibbles(_at(row, 20 * g + 4 + j))
+
+
+@njit(cache=True)
+def _q5_0_params(row: np.ndarray, g: int) -> tuple:
+    d = _f16(row, 22 * g)
+    return d, _NO_OFFSET, d, _NO_OFFSET, _u32(row, 22 * g + 2)
+
+
+@njit(cache=True)
+def _q5_0_lane(row: np.ndarray, g: int, j: int, qh: int) -> tuple[np.float32, np.float32]:
+    """bytes 0-1 d | 2-5 qh: bit i is bit 4 of q_i | 6-21 qs as Q4_0; w = d * (q - 16)."""
+    low, high = _nibbles(_at(row, 22 * g + 6 + j))
+    return low + np.float32(16.0) * _bit(qh, j) - np.float32(16.0), high + np.float32(16.0) * _bit(qh, j + 16) - np.float32(16.0)
+
+
+@njit(cache=True)
+def _q5_1_params(row: np.ndarray, g: int) -> tuple:
+    d, m = _f16(row, 24 * g), _f16(row, 24 * g + 2)
+    return d, m, d, m, _u32(row, 24 * g + 4)
+
+
+@njit(cache=True)
+def _q5_1_lane(row: np.ndarray, g: int, j: int, qh: int) -> tuple[np.float32, np.float32]:
+    """bytes 0-1 d | 2-3 m | 4-7 qh as Q5_0 | 8-23 qs as Q4_0; w = d * q + m."""
+    low, high = _nibbles(_at(row, 24 * g + 8 + j))
+    return low + np.float32(16.0) * _bit(qh, j), high + np.float32(16.0) * _bit(qh, j + 16)
+
+
+@njit(cache=True)
+def _q8_0_params(row: np.ndarray, g: int) -> tuple:
+    d = _f16(row, 34 * g)
+    return d, _NO_OFFSET, d, _NO_OFFSET, 0
+
+
+@njit(cache=True)
+def _q8_0_lane(row: np.ndarray, g: int, j: int, bits: int) -> tuple[np.float32, np.float32]:
+    """bytes 0-1 d | 2-33 int8 q_j at byte 2 + j; w = d * q."""
+    return np.float32(np.int8(_at(row, 34 * g + 2 + j))), np.float32(np.int8(_at(row, 34 * g + 18 + j)))
+
+
+# ---- Q4_K, Q5_K: super-block b = g // 4; group i = g % 4 is sub-blocks 2i (low nibbles), 2i + 1 ----
+
+
+@njit(cache=True)
+def _k_pairs_layout(g: int) -> tuple[int, int, int]:
+    return 256 * (g // 4) + 64 * (g % 4), 32, 32
+
+
+@njit(cache=True)
+def _k_scale_min(row: np.ndarray, offset: int, s: int) -> tuple[np.float32, np.float32]:
+    """6-bit scale and min of sub-block s from the 12 scale bytes at ``offset`` (formats._k_scales_and_mins)."""
+    if s < 4:
+        return np.float32(row[offset + s] & 63), np.float32(row[offset + s + 4] & 63)
+    scale = (np.int64(row[offset + s + 4]) & 15) | (np.int64(row[offset + s - 4]) >> 6) << 4
+    minimum = (np.int64(row[offset + s + 4]) >> 4) | (np.int64(row[offset + s]) >> 6) << 4
     return np.float32(scale), np.float32(minimum)
 
 
 @njit(cache=True)
-def _q4_k_row(row: np.ndarray, out: np.ndarray) -> None:
-    """Q4_K (144 bytes): d f16 | dmin f16 | 12 scale bytes | 128 bytes, 4 groups of 32.
-
-    Group g holds sub-block 2g in its low nibbles and 2g + 1 in its high ones;
-    w = (d * scale) * q - dmin * min.
-    """
-    for b in range(out.shape[0] // 256):
-        o = 144 * b
-        d, dmin = _f16(row[o], row[o + 1]), _f16(row[o + 2], row[o + 3])
-        for g in range(4):
-            scale, minimum = _k_scale_min(row[o + 4 : o + 16], 2 * g)
-            scale_low, offset_low = d * scale, dmin * minimum
-            scale, minimum = _k_scale_min(row[o + 4 : o + 16], 2 * g + 1)
-            scale_high, offset_high = d * scale, dmin * minimum
-            qs = row[o + 16 + 32 * g : o + 48 + 32 * g]
-            low = out[256 * b + 64 * g : 256 * b + 64 * g + 32]
-            high = out[256 * b + 64 * g + 32 : 256 * b + 64 * g + 64]
-            for j in range(qs.shape[0]):
-                low[j] = scale_low * np.float32(qs[j] & 15) - offset_low
-                high[j] = scale_high * np.float32(qs[j] >> 4) - offset_high
+def _k_pair_params(row: np.ndarray, g: int, type_size: int) -> tuple:
+    """Sub-blocks 2i and 2i + 1 of a Q4_K/Q5_K super-block: w = (d * scale) q - dmin * min."""
+    o = type_size * (g // 4)
+    d, dmin = _f16(row, o), _f16(row, o + 2)
+    scale_low, min_low = _k_scale_min(row, o + 4, 2 * (g % 4))
+    scale_high, min_high = _k_scale_min(row, o + 4, 2 * (g % 4) + 1)
+    return d * scale_low, -(dmin * min_low), d * scale_high, -(dmin * min_high), 0
 
 
 @njit(cache=True)
-def _q5_k_row(row: np.ndarray, out: np.ndarray) -> None:
-    """Q5_K (176 bytes): d f16 | dmin f16 | 12 scale bytes | 32 bytes qh | 128 bytes as Q4_K.
-
-    Bit 4 of weight 32k + l is bit k of qh byte l; w = (d * scale) * q - dmin * min.
-    """
-    for b in range(out.shape[0] // 256):
-        o = 176 * b
-        d, dmin = _f16(row[o], row[o + 1]), _f16(row[o + 2], row[o + 3])
-        qh = row[o + 16 : o + 48]
-        for g in range(4):
-            scale, minimum = _k_scale_min(row[o + 4 : o + 16], 2 * g)
-            scale_low, offset_low = d * scale, dmin * minimum
-            scale, minimum = _k_scale_min(row[o + 4 : o + 16], 2 * g + 1)
-            scale_high, offset_high = d * scale, dmin * minimum
-            qs = row[o + 48 + 32 * g : o + 80 + 32 * g]
-            low = out[256 * b + 64 * g : 256 * b + 64 * g + 32]
-            high = out[256 * b + 64 * g + 32 : 256 * b + 64 * g + 64]
-            for j in range(qs.shape[0]):
-                q_low = (qs[j] & 15) | ((qh[j] >> (2 * g)) & 1) << 4
-                q_high = (qs[j] >> 4) | ((qh[j] >> (2 * g + 1)) & 1) << 4
-                low[j] = scale_low * np.float32(q_low) - offset_low
-                high[j] = scale_high * np.float32(q_high) - offset_high
+def _q4_k_params(row: np.ndarray, g: int) -> tuple:
+    return _k_pair_params(row, g, 144)
 
 
 @njit(cache=True)
-def _q6_k_row(row: np.ndarray, out: np.ndarray) -> None:
-    """Q6_K (210 bytes): 128 bytes ql | 64 bytes qh | 16 int8 scales | d f16.
-
-    Weight 128h + 32s + l: bits 0-3 are the low (s < 2) or high (s >= 2) nibble of
-    ql byte 64h + 32(s % 2) + l, bits 4-5 are bits 2s..2s+1 of qh byte 32h + l;
-    w = (d * scale[i // 16]) * (q - 32).
-    """
-    for b in range(out.shape[0] // 256):
-        o = 210 * b
-        d = _f16(row[o + 208], row[o + 209])
-        for half in range(2):
-            for s in range(4):
-                for part in range(2):
-                    sub = 8 * half + 2 * s + part
-                    scale = d * np.float32(np.int8(row[o + 192 + sub]))
-                    first = 64 * half + 32 * (s % 2) + 16 * part
-                    ql = row[o + first : o + first + 16]
-                    qh = row[o + 128 + 32 * half + 16 * part : o + 144 + 32 * half + 16 * part]
-                    w = out[256 * b + 16 * sub : 256 * b + 16 * sub + 16]
-                    nibble_shift = 4 * (s // 2)
-                    for j in range(ql.shape[0]):
-                        q = (ql[j] >> nibble_shift) & 15 | ((qh[j] >> (2 * s)) & 3) << 4
-                        w[j] = scale * np.float32(np.int8(q) - np.int8(32))
+def _q4_k_lane(row: np.ndarray, g: int, j: int, bits: int) -> tuple[np.float32, np.float32]:
+    """bytes 0-1 d | 2-3 dmin | 4-15 scales | 16-143 qs: byte 32i + j holds sub-block 2i's q_j (low), 2i + 1's (high)."""
+    return _nibbles(_at(row, 144 * (g // 4) + 16 + 32 * (g % 4) + j))
 
 
 @njit(cache=True)
-def _dequantize_row(code: int, row: np.ndarray, out: np.ndarray) -> None:
-    """Decode one weight row in format ``code`` into ``out`` [C] float32."""
+def _q5_k_params(row: np.ndarray, g: int) -> tuple:
+    return _k_pair_params(row, g, 176)
+
+
+@njit(cache=True)
+def _q5_k_lane(row: np.ndarray, g: int, j: int, bits: int) -> tuple[np.float32, np.float32]:
+    """bytes 0-15 as Q4_K | 16-47 qh: bit k of byte j is bit 4 of weight 32k + j | 48-175 qs as Q4_K."""
+    o, i = 176 * (g // 4), g % 4
+    low, high = _nibbles(_at(row, o + 48 + 32 * i + j))
+    qh = _at(row, o + 16 + j)
+    return low + np.float32(16.0) * _bit(qh, 2 * i), high + np.float32(16.0) * _bit(qh, 2 * i + 1)
+
+
+# ---- Q2_K, Q3_K, Q6_K: 16 sub-blocks of 16. Weight 128h + 32s + l (sub-block 8h + 2s + l // 16) takes
+# bits from byte l of half h, so sub-blocks s and s + 2 share bytes: group g is super-block g // 8,
+# half h, s in {0, 1} and part p = l // 16; lane j = l % 16 yields s's weight and s + 2's. -------------
+
+
+@njit(cache=True)
+def _k_quads_layout(g: int) -> tuple[int, int, int]:
+    h, s, p = _k_quad(g)
+    return 256 * (g // 8) + 128 * h + 32 * s + 16 * p, 64, 16
+
+
+@njit(cache=True)
+def _k_quad(g: int) -> tuple[int, int, int]:
+    """Group g -> (half h, sub-block pair s, part p) within its super-block."""
+    return g % 8 // 4, g % 4 // 2, g % 2
+
+
+@njit(cache=True)
+def _q2_k_params(row: np.ndarray, g: int) -> tuple:
+    o = 84 * (g // 8)
+    h, s, p = _k_quad(g)
+    d, dmin = _f16(row, o + 80), _f16(row, o + 82)
+    first, second = row[o + 8 * h + 2 * s + p], row[o + 8 * h + 2 * s + 4 + p]  # scale | min << 4
+    return (
+        d * np.float32(first & 15), -(dmin * np.float32(first >> 4)),
+        d * np.float32(second & 15), -(dmin * np.float32(second >> 4)), 0,
+    )  # fmt: skip
+
+
+@njit(cache=True)
+def _q2_k_lane(row: np.ndarray, g: int, j: int, bits: int) -> tuple[np.float32, np.float32]:
+    """bytes 0-15 scale | min << 4 per sub-block | 16-79 qs: weight 128h + 32s + l is bits 2s..2s+1 of
+    byte 16 + 32h + l | 80-81 d | 82-83 dmin; w = d * scale * q - dmin * min."""
+    h, s, p = _k_quad(g)
+    q = _at(row, 84 * (g // 8) + 16 + 32 * h + 16 * p + j)
+    return np.float32((q >> (2 * s)) & 3), np.float32((q >> (2 * s + 4)) & 3)
+
+
+@njit(cache=True)
+def _q3_k_scale(row: np.ndarray, offset: int, sub: int) -> np.float32:
+    """Signed 6-bit scale of sub-block ``sub`` from the 12 bytes at ``offset`` (formats._q3_k_scales)."""
+    low = np.int64(row[offset + sub]) & 15 if sub < 8 else np.int64(row[offset + sub - 8]) >> 4
+    high = (np.int64(row[offset + 8 + sub % 4]) >> (2 * (sub // 4))) & 3
+    return np.float32(np.int8(low | high << 4) - np.int8(32))
+
+
+@njit(cache=True)
+def _q3_k_params(row: np.ndarray, g: int) -> tuple:
+    o = 110 * (g // 8)
+    h, s, p = _k_quad(g)
+    d = _f16(row, o + 108)
+    first, second = _q3_k_scale(row, o + 96, 8 * h + 2 * s + p), _q3_k_scale(row, o + 96, 8 * h + 2 * s + 4 + p)
+    return d * first, _NO_OFFSET, d * second, _NO_OFFSET, 0
+
+
+@njit(cache=True)
+def _q3_k_lane(row: np.ndarray, g: int, j: int, bits: int) -> tuple[np.float32, np.float32]:
+    """bytes 0-31 hmask: bit k of byte l is bit 2 of weight 32k + l, a clear bit meaning q -= 4 |
+    32-95 qs: bits 0-1 as Q2_K | 96-107 scales | 108-109 d; w = d * scale * q."""
+    h, s, p = _k_quad(g)
+    o = 110 * (g // 8)
+    q, mask = _at(row, o + 32 + 32 * h + 16 * p + j), _at(row, o + 16 * p + j)
+    first = np.float32((q >> (2 * s)) & 3) - np.float32(4.0) * (np.float32(1.0) - _bit(mask, 4 * h + s))
+    second = np.float32((q >> (2 * s + 4)) & 3) - np.float32(4.0) * (np.float32(1.0) - _bit(mask, 4 * h + s + 2))
+    return first, second
+
+
+@njit(cache=True)
+def _q6_k_params(row: np.ndarray, g: int) -> tuple:
+    o = 210 * (g // 8)
+    h, s, p = _k_quad(g)
+    d = _f16(row, o + 208)
+    first, second = np.int8(row[o + 192 + 8 * h + 2 * s + p]), np.int8(row[o + 192 + 8 * h + 2 * s + 4 + p])
+    return d * np.float32(first), _NO_OFFSET, d * np.float32(second), _NO_OFFSET, 0
+
+
+@njit(cache=True)
+def _q6_k_lane(row: np.ndarray, g: int, j: int, bits: int) -> tuple[np.float32, np.float32]:
+    """bytes 0-127 ql: bits 0-3 of weight 128h + 32s + l are the low (s < 2) or high nibble of
+    byte 64h + 32(s % 2) + l | 128-191 qh: bits 4-5 are bits 2s..2s+1 of byte 128 + 32h + l |
+    192-207 int8 scales | 208-209 d; w = (d * scale) * (q - 32)."""
+    h, s, p = _k_quad(g)
+    o = 210 * (g // 8)
+    low, high = _nibbles(_at(row, o + 64 * h + 32 * s + 16 * p + j))
+    qh = _at(row, o + 128 + 32 * h + 16 * p + j)
+    first = low + np.float32(16.0) * np.float32((qh >> (2 * s)) & 3) - np.float32(32.0)
+    second = high + np.float32(16.0) * np.float32((qh >> (2 * s + 4)) & 3) - np.float32(32.0)
+    return first, second
+
+
+# ---- one format's walks over a row, compiled for its (params, lane, layout) functions -----------------
+
+
+@njit(cache=True, fastmath=_SUM)
+def _group_total(params: tuple, first: float, second: float, x_first: float, x_second: float, shared: bool) -> float:
+    """A group's share of a row's dot product: a (sum q x) + c (sum x), for its first and second weights."""
+    if shared:
+        return params[0] * first + params[1] * (x_first + x_second)
+    return params[0] * first + params[1] * x_first + params[2] * second + params[3] * x_second
+
+
+def _walks(params, lane, layout, shared_scale: bool):
+    """-> (decode, dot4, sums) of one format. The functions are compile-time constants here
+    (closure variables), so each walk is compiled with direct calls into them, which LLVM inlines.
+    ``shared_scale``: both weights of a lane share (a, c), so ``dot4`` keeps one sum per group.
+    """
+
+    @njit
+    def decode(row: np.ndarray, out: np.ndarray) -> None:
+        """row [R_bytes] uint8 -> out [C] float32, the spec's weights bit for bit."""
+        _, _, lanes = layout(0)
+        # The same number, but one LLVM cannot fold to a constant: a constant 16 or 32 gets the
+        # lane loop fully unrolled into scalar code before the loop vectoriser sees it.
+        opaque_lanes = min(lanes, out.shape[0])
+        for g in range(out.shape[0] // (2 * lanes)):
+            base, gap, lanes = layout(g)
+            a_first, c_first, a_second, c_second, bits = params(row, g)
+            for j in range(opaque_lanes):
+                q_first, q_second = lane(row, g, j, bits)
+                out[np.uint64(base + j)] = a_first * q_first + c_first  # see _at
+                out[np.uint64(base + gap + j)] = a_second * q_second + c_second
+
+    @njit
+    def sums(x: np.ndarray) -> np.ndarray:
+        """x [C] -> [G, 2]: per group, the sum of the x its first and its second weights meet."""
+        _, _, lanes = layout(0)
+        out = np.zeros((x.shape[0] // (2 * lanes), 2), np.float32)
+        for g in range(out.shape[0]):
+            base, gap, lanes = layout(g)
+            for j in range(lanes):
+                out[g, 0] += x[base + j]
+                out[g, 1] += x[base + gap + j]
+        return out
+
+    @njit(fastmath=_SUM)
+    def dot4(rows: tuple, x: np.ndarray, x_sums: np.ndarray) -> tuple[np.float32, np.float32, np.float32, np.float32]:
+        """Four rows [R_bytes] uint8 . x [C] float32 -> four float32.
+
+        Per group, sum_j (a q_j + c) x_j = a (sum_j q_j x_j) + c (sum_j x_j): the lanes only
+        multiply-add integers into x, and the scale, offset and x's sum join once per group.
+        """
+        row0, row1, row2, row3 = rows
+        total0 = total1 = total2 = total3 = np.float32(0.0)
+        _, _, lanes = layout(0)
+        for g in range(x.shape[0] // (2 * lanes)):
+            base, gap, lanes = layout(g)
+            p0, p1, p2, p3 = params(row0, g), params(row1, g), params(row2, g), params(row3, g)
+            f0 = f1 = f2 = f3 = s0 = s1 = s2 = s3 = np.float32(0.0)  # first and second weights' sums
+            for j in range(lanes):
+                x_first, x_second = x[np.uint64(base + j)], x[np.uint64(base + gap + j)]  # see _at
+                q_first, q_second = lane(row0, g, j, p0[4])
+                if shared_scale:
+                    f0 += q_first * x_first + q_second * x_second
+                else:
+                    f0 += q_first * x_first
+                    s0 += q_second * x_second
+                q_first, q_second = lane(row1, g, j, p1[4])
+                if shared_scale:
+                    f1 += q_first * x_first + q_second * x_second
+                else:
+                    f1 += q_first * x_first
+                    s1 += q_second * x_second
+                q_first, q_second = lane(row2, g, j, p2[4])
+                if shared_scale:
+                    f2 += q_first * x_first + q_second * x_second
+                else:
+                    f2 += q_first * x_first
+                    s2 += q_second * x_second
+                q_first, q_second = lane(row3, g, j, p3[4])
+                if shared_scale:
+                    f3 += q_first * x_first + q_second * x_second
+                else:
+                    f3 += q_first * x_first
+                    s3 += q_second * x_second
+            x_first, x_second = x_sums[g, 0], x_sums[g, 1]
+            total0 += _group_total(p0, f0, s0, x_first, x_second, shared_scale)
+            total1 += _group_total(p1, f1, s1, x_first, x_second, shared_scale)
+            total2 += _group_total(p2, f2, s2, x_first, x_second, shared_scale)
+            total3 += _group_total(p3, f3, s3, x_first, x_second, shared_scale)
+        return total0, total1, total2, total3
+
+    return decode, dot4, sums
+
+
+_decode_q4_0, _dot4_q4_0, _sums_q4_0 = _walks(_q4_0_params, _q4_0_lane, _block32_layout, True)
+_decode_q4_1, _dot4_q4_1, _sums_q4_1 = _walks(_q4_1_params, _q4_1_lane, _block32_layout, True)
+_decode_q5_0, _dot4_q5_0, _sums_q5_0 = _walks(_q5_0_params, _q5_0_lane, _block32_layout, True)
+_decode_q5_1, _dot4_q5_1, _sums_q5_1 = _walks(_q5_1_params, _q5_1_lane, _block32_layout, True)
+_decode_q8_0, _dot4_q8_0, _sums_q8_0 = _walks(_q8_0_params, _q8_0_lane, _block32_layout, True)
+_decode_q2_k, _dot4_q2_k, _sums_q2_k = _walks(_q2_k_params, _q2_k_lane, _k_quads_layout, False)
+_decode_q3_k, _dot4_q3_k, _sums_q3_k = _walks(_q3_k_params, _q3_k_lane, _k_quads_layout, False)
+_decode_q4_k, _dot4_q4_k, _sums_q4_k = _walks(_q4_k_params, _q4_k_lane, _k_pairs_layout, False)
+_decode_q5_k, _dot4_q5_k, _sums_q5_k = _walks(_q5_k_params, _q5_k_lane, _k_pairs_layout, False)
+_decode_q6_k, _dot4_q6_k, _sums_q6_k = _walks(_q6_k_params, _q6_k_lane, _k_quads_layout, False)
+
+
+@njit(cache=True, fastmath=_SUM)
+def _tile4x4(w: np.ndarray, r: int, x: np.ndarray, t: int) -> tuple:
+    """w [>= r + 4, C] . x [>= t + 4, C] -> the 16 dot products of rows r..r+3 with tokens t..t+3,
+    row-major. Each weight and each x loaded feeds four multiply-adds (one per partner), where a
+    lone dot product loads two numbers per multiply-add: loads, not arithmetic, bound it."""
+    w0, w1, w2, w3 = w[r], w[r + 1], w[r + 2], w[r + 3]
+    x0, x1, x2, x3 = x[t], x[t + 1], x[t + 2], x[t + 3]
+    a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = np.float32(0.0)
+    a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = np.float32(0.0)
+    for i in range(w0.shape[0]):
+        v0, v1, v2, v3 = x0[i], x1[i], x2[i], x3[i]
+        u = w0[i]
+        a00 += u * v0
+        a01 += u * v1
+        a02 += u * v2
+        a03 += u * v3
+        u = w1[i]
+        a10 += u * v0
+        a11 += u * v1
+        a12 += u * v2
+        a13 += u * v3
+        u = w2[i]
+        a20 += u * v0
+        a21 += u * v1
+        a22 += u * v2
+        a23 += u * v3
+        u = w3[i]
+        a30 += u * v0
+        a31 += u * v1
+        a32 += u * v2
+        a33 += u * v3
+    return (a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, a33)
+
+
+# ---- dispatch on the format code ------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _decode_row(code: int, row: np.ndarray, out: np.ndarray) -> None:
     if code == Q4_0:
-        _q4_0_row(row, out)
+        _decode_q4_0(row, out)
     elif code == Q4_1:
-        _q4_1_row(row, out)
+        _decode_q4_1(row, out)
     elif code == Q5_0:
-        _q5_0_row(row, out)
+        _decode_q5_0(row, out)
     elif code == Q5_1:
-        _q5_1_row(row, out)
+        _decode_q5_1(row, out)
     elif code == Q8_0:
-        _q8_0_row(row, out)
+        _decode_q8_0(row, out)
     elif code == Q2_K:
-        _q2_k_row(row, out)
+        _decode_q2_k(row, out)
     elif code == Q3_K:
-        _q3_k_row(row, out)
+        _decode_q3_k(row, out)
     elif code == Q4_K:
-        _q4_k_row(row, out)
+        _decode_q4_k(row, out)
     elif code == Q5_K:
-        _q5_k_row(row, out)
+        _decode_q5_k(row, out)
     else:
-        _q6_k_row(row, out)
+        _decode_q6_k(row, out)
 
 
-# ---- the products ----------------------------------------------------------------------------------
+@njit(cache=True)
+def _x_sums(code: int, x: np.ndarray) -> np.ndarray:
+    if code == Q4_0:
+        return _sums_q4_0(x)
+    if code == Q4_1:
+        return _sums_q4_1(x)
+    if code == Q5_0:
+        return _sums_q5_0(x)
+    if code == Q5_1:
+        return _sums_q5_1(x)
+    if code == Q8_0:
+        return _sums_q8_0(x)
+    if code == Q2_K:
+        return _sums_q2_k(x)
+    if code == Q3_K:
+        return _sums_q3_k(x)
+    if code == Q4_K:
+        return _sums_q4_k(x)
+    if code == Q5_K:
+        return _sums_q5_k(x)
+    return _sums_q6_k(x)
 
 
-@njit(cache=True, fastmath={"reassoc", "contract"})
-def _dot(a: np.ndarray, b: np.ndarray) -> np.float32:
-    """a [C] . b [C] float32.
+@njit(cache=True)
+def _dot4_rows(
+    code: int, rows: tuple, x: np.ndarray, x_sums: np.ndarray
+) -> tuple[np.float32, np.float32, np.float32, np.float32]:
+    if code == Q4_0:
+        return _dot4_q4_0(rows, x, x_sums)
+    if code == Q4_1:
+        return _dot4_q4_1(rows, x, x_sums)
+    if code == Q5_0:
+        return _dot4_q5_0(rows, x, x_sums)
+    if code == Q5_1:
+        return _dot4_q5_1(rows, x, x_sums)
+    if code == Q8_0:
+        return _dot4_q8_0(rows, x, x_sums)
+    if code == Q2_K:
+        return _dot4_q2_k(rows, x, x_sums)
+    if code == Q3_K:
+        return _dot4_q3_k(rows, x, x_sums)
+    if code == Q4_K:
+        return _dot4_q4_k(rows, x, x_sums)
+    if code == Q5_K:
+        return _dot4_q5_k(rows, x, x_sums)
+    return _dot4_q6_k(rows, x, x_sums)
 
-    reassoc lets LLVM keep several vector partial sums (without it a float sum
-    is one serial chain and stays scalar); contract lets it fuse the multiply
-    and add. No other fast-math flags: infinities and NaNs propagate as in IEEE.
+
+# ---- the kernels --------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _tasks(num_rows: int) -> int:
+    return (num_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK
+
+
+@njit(cache=True)
+def _quad(blocks: np.ndarray, r: int) -> tuple:
+    """Rows r..r+3 of blocks; past the last row, the last row again (its results are not kept)."""
+    last = blocks.shape[0] - 1
+    return blocks[min(r, last)], blocks[min(r + 1, last)], blocks[min(r + 2, last)], blocks[min(r + 3, last)]
+
+
+@njit(cache=True)
+def _matvec_task(blocks: np.ndarray, code: int, x: np.ndarray, x_sums: np.ndarray, out: np.ndarray, task: int) -> None:
+    """out[rows of ``task``] = W[rows] @ x, four rows at a time."""
+    num_rows = blocks.shape[0]
+    last = num_rows - 1
+    for r in range(task * ROWS_PER_TASK, min((task + 1) * ROWS_PER_TASK, num_rows), 4):
+        _prefetch_rows(blocks, r + PREFETCH_ROWS, 4)
+        # The last quad of an R not divisible by 4 repeats row R - 1 (and writes it identically).
+        y0, y1, y2, y3 = _dot4_rows(code, _quad(blocks, r), x, x_sums)
+        out[r] = y0
+        out[min(r + 1, last)] = y1
+        out[min(r + 2, last)] = y2
+        out[min(r + 3, last)] = y3
+
+
+@njit(cache=True)
+def _matmul_task(blocks: np.ndarray, code: int, x: np.ndarray, out: np.ndarray, task: int) -> None:
+    """out[:, rows of ``task``] = x @ W[rows].T: the rows decoded once, then multiplied into the
+    tokens four rows by four tokens at a time (``_tile4x4``), the last T % 4 tokens one at a time."""
+    num_tokens, num_cols = x.shape
+    first_row = task * ROWS_PER_TASK
+    rows = min(ROWS_PER_TASK, blocks.shape[0] - first_row)
+    weights = np.empty((ROWS_PER_TASK, num_cols), np.float32)  # [16, C] the task's rows, decoded
+    _prefetch_rows(blocks, first_row + ROWS_PER_TASK, ROWS_PER_TASK)  # the next task's, likely this thread's
+    for r in range(ROWS_PER_TASK):  # rows past the last are a copy of it, multiplied but not kept
+        _decode_row(code, blocks[first_row + min(r, rows - 1)], weights[r])
+    for r in range(0, rows, 4):
+        for t in range(0, num_tokens - 3, 4):
+            tile = _tile4x4(weights, r, x, t)
+            for i in range(min(4, rows - r)):
+                for k in range(4):
+                    out[t + k, first_row + r + i] = tile[4 * i + k]
+        for t in range(num_tokens - num_tokens % 4, num_tokens):
+            for i in range(min(4, rows - r)):
+                out[t, first_row + r + i] = _row_dot(weights[r + i], x[t])
+
+
+@njit(cache=True, parallel=True)
+def quant_matvec(blocks: np.ndarray, code: int, x: np.ndarray) -> np.ndarray:
+    """W [R, C] (format ``code``, as blocks [R, R_bytes]) @ x [C] float32 -> [R] float32.
+
+    NumPy twin: ``refllm.quant.formats.dequantize(blocks, name, (R, C)) @ x``.
     """
+    out = np.empty(blocks.shape[0], np.float32)
+    x_sums = _x_sums(code, x)  # [G, 2], shared by every row
+    for task in prange(_tasks(blocks.shape[0])):
+        _matvec_task(blocks, code, x, x_sums, out, task)
+    return out
+
+
+@njit(cache=True)
+def quant_matvec_serial(blocks: np.ndarray, code: int, x: np.ndarray) -> np.ndarray:
+    """``quant_matvec`` on the calling thread alone, for matrices too small to repay waking a pool."""
+    out = np.empty(blocks.shape[0], np.float32)
+    x_sums = _x_sums(code, x)
+    for task in range(_tasks(blocks.shape[0])):
+        _matvec_task(blocks, code, x, x_sums, out, task)
+    return out
+
+
+@njit(cache=True, parallel=True)
+def quant_matmul(blocks: np.ndarray, code: int, x: np.ndarray) -> np.ndarray:
+    """x [T, C] float32 @ W.T -> [T, R] float32, W [R, C] as in ``quant_matvec``.
+
+    NumPy twin: ``x @ refllm.quant.formats.dequantize(blocks, name, (R, C)).T``.
+    """
+    out = np.empty((x.shape[0], blocks.shape[0]), np.float32)
+    for task in prange(_tasks(blocks.shape[0])):
+        _matmul_task(blocks, code, x, out, task)
+    return out
+
+
+@njit(cache=True)
+def quant_matmul_serial(blocks: np.ndarray, code: int, x: np.ndarray) -> np.ndarray:
+    """``quant_matmul`` on the calling thread alone."""
+    out = np.empty((x.shape[0], blocks.shape[0]), np.float32)
+    for task in range(_tasks(blocks.shape[0])):
+        _matmul_task(blocks, code, x, out, task)
+    return out
+
+
+@njit(cache=True, fastmath=_SUM)
+def _row_dot(a: np.ndarray, b: np.ndarray) -> np.float32:
+    """a [C] . b [C] float32."""
     total = np.float32(0.0)
     for i in range(a.shape[0]):
         total += a[i] * b[i]
@@ -324,49 +694,12 @@ def _dot(a: np.ndarray, b: np.ndarray) -> np.float32:
 
 
 @njit(cache=True, parallel=True)
-def quant_matmul(blocks: np.ndarray, code: int, x: np.ndarray) -> np.ndarray:
-    """x [T, C] float32 @ W.T -> [T, R] float32, W [R, C] in format ``code`` as blocks [R, R_bytes].
-
-    NumPy twin: ``x @ refllm.quant.formats.dequantize(blocks, name, (R, C)).T``.
-    Parallel over tasks of ``ROWS_PER_TASK`` rows; each row is decoded once and
-    used for all T tokens.
-    """
-    num_rows = blocks.shape[0]
-    num_tokens, num_cols = x.shape
-    out = np.empty((num_tokens, num_rows), np.float32)
-    for task in prange((num_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        weights = np.empty(num_cols, np.float32)  # [C] the decoded row
-        for r in range(task * ROWS_PER_TASK, min((task + 1) * ROWS_PER_TASK, num_rows)):
-            _dequantize_row(code, blocks[r], weights)
-            for t in range(num_tokens):
-                out[t, r] = _dot(weights, x[t])
-    return out
-
-
-@njit(cache=True, parallel=True)
-def quant_matvec(blocks: np.ndarray, code: int, x: np.ndarray) -> np.ndarray:
-    """x [C] float32 -> W @ x [R] float32 (decode at batch 1); W as in ``quant_matmul``.
-
-    NumPy twin: ``refllm.quant.formats.dequantize(blocks, name, (R, C)) @ x``.
-    """
-    num_rows = blocks.shape[0]
-    out = np.empty(num_rows, np.float32)
-    for task in prange((num_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        weights = np.empty(x.shape[0], np.float32)
-        for r in range(task * ROWS_PER_TASK, min((task + 1) * ROWS_PER_TASK, num_rows)):
-            _dequantize_row(code, blocks[r], weights)
-            out[r] = _dot(weights, x)
-    return out
-
-
-@njit(cache=True, parallel=True)
 def dequantize_rows(blocks: np.ndarray, code: int, num_cols: int) -> np.ndarray:
     """blocks [R, R_bytes] in format ``code`` -> W [R, C] float32.
 
-    NumPy twin: ``refllm.quant.formats.dequantize(blocks, name, (R, C))``, bitwise.
+    NumPy twin: ``refllm.quant.formats.dequantize(blocks, name, (R, C))``, bit for bit.
     """
-    num_rows = blocks.shape[0]
-    out = np.empty((num_rows, num_cols), np.float32)
-    for r in prange(num_rows):
-        _dequantize_row(code, blocks[r], out[r])
+    out = np.empty((blocks.shape[0], num_cols), np.float32)
+    for r in prange(blocks.shape[0]):
+        _decode_row(code, blocks[r], out[r])
     return out

@@ -1,0 +1,275 @@
+"""Decode and prefill speed on one GGUF file: refllm float32, refllm quantized, transformers, llama.cpp.
+
+Each engine runs in a fresh process per run, and the runs take turns
+(engine A, B, C, D, then A, B, C, D again), so a noisy neighbour slows them
+alike. In each process the engine loads the file, warms up (Numba compiles or
+loads its cache, llama.cpp and torch allocate), then
+
+- prefills a ``--prompt-tokens`` prompt (batch 1): prefill tokens/s;
+- decodes ``--decode-tokens`` greedy tokens after it, one at a time (batch 1):
+  decode tokens/s, logits computed and argmax taken at every step;
+- reports the peak resident memory above its footprint after imports.
+
+Figures are medians over ``--runs``. Engines that are not installed
+(transformers + torch, llama-cpp-python) are skipped with a note. Every
+engine gets ``--threads`` threads: Numba's and OpenBLAS's pools, torch's
+intra-op pool, llama.cpp's n_threads and n_threads_batch.
+
+refllm's engines run once per ``--omp-wait-policy``: whether Numba's OpenMP
+workers sleep (passive, refllm's default) or spin (active) between parallel
+kernels decides how long each kernel waits for its second thread, and the
+forward pass launches a few hundred kernels per token.
+
+    python benchmarks/bench_quantized.py [--model smollm2-135m] [--runs 5] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ENGINES = ("refllm-float32", "refllm-quantized", "transformers-float32", "llama.cpp")
+# What each engine imports: imported before the footprint "after imports" is taken.
+IMPORTS = {
+    "refllm-float32": ("refllm",),
+    "refllm-quantized": ("refllm",),
+    "transformers-float32": ("torch", "transformers"),
+    "llama.cpp": ("llama_cpp",),
+}
+CONTEXT = 512  # tokens each engine's KV storage is sized for
+# The environment as the user started the benchmark: importing refllm sets OMP_WAIT_POLICY for its own
+# process (refllm/kernels/__init__.py), which must not leak into the other engines' processes
+# (llama.cpp and torch run OpenMP pools of their own).
+USER_ENVIRONMENT = dict(os.environ)
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            return next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown"
+
+
+def memory(key: str) -> int:
+    """VmRSS (resident now) or VmHWM (peak resident) of this process, in bytes."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith(key + ":"))
+
+
+# ---- one engine in one process -------------------------------------------------------------------------
+
+
+class RefllmEngine:
+    def __init__(self, path: Path, quantized: bool):
+        import numpy as np
+
+        import refllm
+        from refllm import CacheConfig
+
+        self.np, self.CacheConfig = np, CacheConfig
+        self.model = refllm.load_model(path, quantized=quantized)
+        self.cache = None
+
+    def prefill(self, ids: list[int]) -> int:
+        shape = self.model.cache_shape
+        budget = CONTEXT * shape.num_layers * shape.num_kv_heads * shape.head_dim * 2 * 4  # K and V, float32
+        self.cache = self.model.create_kv_cache(self.CacheConfig(max_bytes=budget))
+        logits = self.model.prefill(self.np.array([ids]), self.cache, range(len(ids)))
+        return int(self.np.argmax(logits[0]))
+
+    def decode(self, token: int) -> int:
+        return int(self.np.argmax(self.model.decode(self.np.array([[token]]), self.cache)[0]))
+
+    def kv_bytes(self) -> int:
+        return self.cache.k.nbytes + self.cache.v.nbytes
+
+
+class TransformersEngine:
+    def __init__(self, path: Path, threads: int):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.set_num_threads(threads)
+        self.torch = torch
+        self.model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+        self.model.eval()
+        self.past = None
+
+    def prefill(self, ids: list[int]) -> int:
+        with self.torch.inference_mode():
+            out = self.model(self.torch.tensor([ids]), use_cache=True)
+        self.past = out.past_key_values
+        return int(out.logits[0, -1].argmax())
+
+    def decode(self, token: int) -> int:
+        with self.torch.inference_mode():
+            out = self.model(self.torch.tensor([[token]]), past_key_values=self.past, use_cache=True)
+        self.past = out.past_key_values
+        return int(out.logits[0, -1].argmax())
+
+    def kv_bytes(self) -> int:
+        return 0  # grown as it goes, inside the measured peak
+
+
+class LlamaCppEngine:
+    def __init__(self, path: Path, threads: int):
+        import llama_cpp
+        import numpy as np
+
+        self.np = np
+        self.llm = llama_cpp.Llama(
+            model_path=str(path), n_ctx=CONTEXT, n_batch=CONTEXT, n_threads=threads, n_threads_batch=threads, verbose=False
+        )
+
+    def prefill(self, ids: list[int]) -> int:
+        self.llm.reset()
+        self.llm.eval(ids)
+        return int(self.np.argmax(self.llm.scores[self.llm.n_tokens - 1]))
+
+    def decode(self, token: int) -> int:
+        self.llm.eval([token])
+        return int(self.np.argmax(self.llm.scores[self.llm.n_tokens - 1]))
+
+    def kv_bytes(self) -> int:
+        return 0  # allocated at load, inside the measured peak
+
+
+def run_engine(engine: str, path: Path, prompt_tokens: int, decode_tokens: int, threads: int) -> dict:
+    for module in IMPORTS[engine]:
+        importlib.import_module(module)
+    after_imports = memory("VmRSS")
+    start = time.perf_counter()
+    if engine.startswith("refllm"):
+        runner = RefllmEngine(path, quantized=engine == "refllm-quantized")
+    elif engine == "transformers-float32":
+        runner = TransformersEngine(path, threads)
+    else:
+        runner = LlamaCppEngine(path, threads)
+    load_seconds = time.perf_counter() - start
+
+    token = runner.prefill(list(range(100, 108)))  # warm-up: compile, allocate, touch every weight
+    for _ in range(2):
+        token = runner.decode(token)
+
+    prompt = [100 + (7919 * i) % 20000 for i in range(prompt_tokens)]  # any ids: speed does not depend on them
+    start = time.perf_counter()
+    token = runner.prefill(prompt)
+    prefill_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    for _ in range(decode_tokens):
+        token = runner.decode(token)
+    decode_seconds = time.perf_counter() - start
+    return dict(
+        load_s=round(load_seconds, 2),
+        prefill_tokens_per_s=prompt_tokens / prefill_seconds,
+        decode_tokens_per_s=decode_tokens / decode_seconds,
+        peak_above_imports=memory("VmHWM") - after_imports,
+        kv_bytes=runner.kv_bytes(),
+    )
+
+
+# ---- the driver ----------------------------------------------------------------------------------------
+
+
+def child_environment(threads: int, wait_policy: str | None) -> dict[str, str]:
+    env = dict(USER_ENVIRONMENT)
+    for name in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env[name] = str(threads)
+    if wait_policy is not None:
+        env["OMP_WAIT_POLICY"] = wait_policy
+    return env
+
+
+def versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for package in ("numpy", "numba", "torch", "transformers", "llama-cpp-python"):
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            found[package] = "not installed"
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m", help="a catalog name or a .gguf path")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--prompt-tokens", type=int, default=256)
+    parser.add_argument("--decode-tokens", type=int, default=128)
+    parser.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
+    parser.add_argument("--omp-wait-policy", nargs="+", choices=("passive", "active"), default=["passive", "active"])
+    parser.add_argument("--child", choices=ENGINES, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:  # the parent passes a path; importing refllm here would set OpenMP's policy for every engine
+        print(json.dumps(run_engine(args.child, Path(args.model), args.prompt_tokens, args.decode_tokens, args.threads)))
+        return
+
+    from refllm import catalog
+
+    path = Path(catalog.pull(args.model) if args.model in catalog.CATALOG else args.model)
+
+    print(f"model: {path.name} ({path.stat().st_size / 1e6:.1f} MB)")
+    print(f"cpu: {cpu_model()}; cores: {os.cpu_count()}; threads per engine: {args.threads}")
+    print("versions: " + ", ".join(f"{k} {v}" for k, v in versions().items()))
+    configurations = []  # (label, engine, OMP wait policy)
+    for engine in args.engines:
+        missing = [m for m in IMPORTS[engine] if importlib.util.find_spec(m) is None]
+        if missing:
+            print(f"skipping {engine}: {', '.join(missing)} not installed")
+        elif engine.startswith("refllm"):
+            configurations += [(f"{engine} (OpenMP {policy})", engine, policy) for policy in args.omp_wait_policy]
+        else:
+            configurations.append((engine, engine, None))
+
+    results: dict[str, list[dict]] = {label: [] for label, _, _ in configurations}
+    for run in range(args.runs):
+        for label, engine, policy in configurations:
+            command = [sys.executable, __file__, "--child", engine, "--model", str(path), "--threads", str(args.threads),
+                       "--prompt-tokens", str(args.prompt_tokens), "--decode-tokens", str(args.decode_tokens)]  # fmt: skip
+            done = subprocess.run(command, env=child_environment(args.threads, policy), capture_output=True, text=True)
+            if done.returncode != 0:
+                raise SystemExit(f"{label} failed:\n{done.stderr[-3000:]}")
+            results[label].append(json.loads(done.stdout.strip().splitlines()[-1]))
+            figures = results[label][-1]
+            print(f"run {run + 1} {label}: prefill {figures['prefill_tokens_per_s']:.1f} tok/s,"
+                  f" decode {figures['decode_tokens_per_s']:.1f} tok/s", flush=True)  # fmt: skip
+
+    file_bytes = path.stat().st_size
+    print(f"\n| engine | decode tok/s ({args.decode_tokens} tokens, batch 1) | prefill tok/s ({args.prompt_tokens}-token prompt)"
+          " | peak RSS above imports |")  # fmt: skip
+    print("|---|---|---|---|")
+    summary = {}
+    for engine, runs in results.items():
+        decode = statistics.median(r["decode_tokens_per_s"] for r in runs)
+        prefill = statistics.median(r["prefill_tokens_per_s"] for r in runs)
+        peak = max(r["peak_above_imports"] for r in runs)
+        summary[engine] = dict(decode=decode, prefill=prefill, peak=peak, kv_bytes=runs[0]["kv_bytes"])
+        print(f"| {engine} | {decode:.1f} | {prefill:.1f} | {peak / 1e6:.0f} MB |")
+    for policy in args.omp_wait_policy:
+        quantized = summary.get(f"refllm-quantized (OpenMP {policy})")
+        if quantized is None:
+            continue
+        budget = 1.5 * file_bytes + quantized["kv_bytes"]
+        print(f"\nrefllm quantized, OpenMP {policy}: peak {quantized['peak'] / 1e6:.0f} MB"
+              f" vs 1.5 x file + KV arena = {budget / 1e6:.0f} MB")  # fmt: skip
+        for other in dict.fromkeys(("llama.cpp", f"refllm-float32 (OpenMP {policy})", "refllm-float32 (OpenMP passive)")):
+            if other in summary:
+                print(f"  / {other}: decode {quantized['decode'] / summary[other]['decode']:.2f}x,"
+                      f" prefill {quantized['prefill'] / summary[other]['prefill']:.2f}x")  # fmt: skip
+    print(json.dumps(dict(model=path.name, threads=args.threads, runs=results), indent=None))
+
+
+if __name__ == "__main__":
+    main()

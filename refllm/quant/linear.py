@@ -1,0 +1,223 @@
+"""QuantizedTensor: a weight matrix that stays in its GGML blocks and multiplies from them.
+
+The spec's projection is ``linear(x, W, b) = x @ W.T + b`` (``refllm/nn/linear.py``)
+and its embedding lookup is ``table[ids]`` (``refllm/nn/embedding.py``). A
+QuantizedTensor answers both without ever being dequantized whole:
+
+- ``W.T`` is a ``_Transposed`` view whose ``__rmatmul__`` runs the Numba
+  kernels of ``refllm/kernels/quant_matmul.py``. NumPy hands ``x @ W.T`` to it
+  because the view sets ``__array_ufunc__ = None`` (NumPy's opt-out: its
+  operators then return NotImplemented and Python asks the right operand).
+  This is the one place where the quantized path branches off the spec.
+- ``W[ids]`` (an integer array) dequantizes just those rows with the spec
+  dequantizer: an embedding lookup reads a few rows of a [V, D] table.
+- ``W[a:b]`` (a row slice) is a QuantizedTensor over the same blocks, as an
+  ndarray slice is a view (Phi-3's fused projections are split this way).
+
+Everything else an ndarray offers is deliberately absent, so a code path that
+would silently dequantize a whole matrix fails loudly instead.
+
+Dimension letters: R rows (outputs), C columns (inputs), T tokens.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import fields, is_dataclass
+from typing import Any
+
+import numpy as np
+
+from refllm.kernels.quant_matmul import (
+    FORMAT_CODES,
+    KERNEL_FORMATS,
+    quant_matmul,
+    quant_matmul_serial,
+    quant_matvec,
+    quant_matvec_serial,
+)
+from refllm.quant.formats import UnsupportedFormatError, dequantize, stored_size
+from refllm.quant.requantize import REQUANTIZE_FORMATS, requantize
+
+
+def kernel_reads(format: str, shape: tuple[int, ...]) -> bool:
+    """Whether a tensor of ``shape`` stored in ``format`` can stay quantized: a matrix in a kernel's format."""
+    return len(shape) == 2 and format in FORMAT_CODES
+
+
+def _parallel_min_weights() -> int:
+    """Products of fewer multiply-adds than this run on the calling thread alone.
+
+    A parallel kernel first wakes the idle workers of Numba's OpenMP pool. Sleeping workers
+    (OMP_WAIT_POLICY=passive, refllm/kernels/__init__.py's default) took 60-70 us to wake on the
+    project's 2-core VM, the time one core takes for ~1M weights: below that a second core
+    cannot win its wake-up back. Spinning workers (active, or a GOMP_SPINCOUNT) answer in ~2 us.
+    """
+    sleeping = os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE" and "GOMP_SPINCOUNT" not in os.environ
+    return 1 << 20 if sleeping else 1 << 16
+
+
+PARALLEL_MIN_WEIGHTS = _parallel_min_weights()
+
+
+class QuantizedShapeError(ValueError):
+    """An input whose shape or dtype does not fit a quantized matrix."""
+
+
+class QuantizedTensor:
+    """W [R, C] in GGML format ``format``: ``blocks`` [R, C / B * type_size] uint8, row r = weight row r."""
+
+    ndim = 2
+
+    def __init__(self, blocks: np.ndarray, format: str, shape: tuple[int, int]):
+        if format not in FORMAT_CODES:
+            raise UnsupportedFormatError(
+                f"no quantized kernel reads {format}; they read {', '.join(KERNEL_FORMATS)}"
+            )
+        rows, cols = shape
+        row_bytes = stored_size(format, (1, cols))  # refuses C that is not whole blocks
+        if blocks.dtype != np.uint8 or blocks.shape != (rows, row_bytes):
+            raise QuantizedShapeError(
+                f"a {format} matrix of shape {shape} is uint8 blocks of shape {(rows, row_bytes)};"
+                f" got {blocks.dtype} {blocks.shape}"
+            )
+        self.blocks = np.ascontiguousarray(blocks)
+        self.format = format
+        self.shape = (rows, cols)
+        self._code = FORMAT_CODES[format]
+
+    @classmethod
+    def from_raw(cls, raw: np.ndarray, format: str, shape: tuple[int, int]) -> QuantizedTensor:
+        """The bytes of a stored tensor (e.g. a GGUF tensor's data) in format ``format`` -> QuantizedTensor."""
+        data = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
+        return cls(data.reshape(shape[0], -1), format, shape)
+
+    @classmethod
+    def quantize(cls, weights: np.ndarray, format: str) -> QuantizedTensor:
+        """Float weights [R, C] -> QuantizedTensor in ``format`` (Q8_0 or Q4_0), as llama.cpp quantizes."""
+        return cls(requantize(weights, format), format, weights.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.blocks.nbytes
+
+    @property
+    def T(self) -> _Transposed:
+        return _Transposed(self)
+
+    def dequantize(self) -> np.ndarray:
+        """-> W [R, C] float32, by the spec (``refllm.quant.formats``)."""
+        return dequantize(self.blocks, self.format, self.shape)
+
+    def matmul(self, x: np.ndarray) -> np.ndarray:
+        """x [..., C] float32 -> x @ W.T [..., R] float32."""
+        rows, cols = self.shape
+        if not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.ndim < 1 or x.shape[-1] != cols:
+            raise QuantizedShapeError(
+                f"a {self.format} matrix of shape {self.shape} multiplies a float32 ndarray [..., {cols}];"
+                f" got {getattr(x, 'dtype', type(x).__name__)} {getattr(x, 'shape', '')}"
+            )
+        tokens = np.ascontiguousarray(x.reshape(-1, cols))  # [T, C]
+        # From two tokens on, decoding each row once and multiplying it into every token beats
+        # decoding it in registers once per token (benchmarks/bench_quant_kernels.py --crossover).
+        parallel = len(tokens) * rows * cols >= PARALLEL_MIN_WEIGHTS
+        if len(tokens) == 1:
+            out = (quant_matvec if parallel else quant_matvec_serial)(self.blocks, self._code, tokens[0])
+        else:
+            out = (quant_matmul if parallel else quant_matmul_serial)(self.blocks, self._code, tokens)
+        return out.reshape(*x.shape[:-1], rows)
+
+    def __getitem__(self, index: Any) -> np.ndarray | QuantizedTensor:
+        """``W[a:b]`` -> QuantizedTensor of those rows; ``W[ids]`` (integers) -> float32 [*ids.shape, C]."""
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self.shape[0])
+            if step != 1:
+                raise QuantizedShapeError(f"a QuantizedTensor slices contiguous rows; got step {step}")
+            return QuantizedTensor(self.blocks[start:stop], self.format, (max(stop - start, 0), self.shape[1]))
+        ids = np.asarray(index)
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise QuantizedShapeError(f"a QuantizedTensor is indexed by a row slice or integer rows; got {index!r}")
+        picked = self.blocks[ids.reshape(-1)]  # IndexError names an id out of range, as an ndarray's does
+        return dequantize(picked, self.format, (len(picked), self.shape[1])).reshape(*ids.shape, self.shape[1])
+
+    def __repr__(self) -> str:
+        return f"QuantizedTensor({self.format}, shape={self.shape}, nbytes={self.nbytes})"
+
+
+class _Transposed:
+    """W.T for ``x @ W.T``: NumPy defers the product to ``__rmatmul__`` (see the module docstring)."""
+
+    __array_ufunc__ = None
+
+    def __init__(self, tensor: QuantizedTensor):
+        self.tensor = tensor
+        self.shape = tensor.shape[::-1]
+
+    def __rmatmul__(self, x: np.ndarray) -> np.ndarray:
+        return self.tensor.matmul(x)
+
+
+def requantize_format(name: str) -> str:
+    """A ``quantize=`` option ("q8_0", "Q4_0") -> ggml's spelling; refuses formats refllm cannot quantize to."""
+    if name.upper() not in REQUANTIZE_FORMATS:
+        raise UnsupportedFormatError(
+            f"cannot quantize to {name!r}; choose one of {', '.join(f.lower() for f in REQUANTIZE_FORMATS)}"
+        )
+    return name.upper()
+
+
+class RequantizedSource:
+    """A ModelSource whose float matrices come out quantized to ``format`` (Q8_0 or Q4_0), one at a time.
+
+    Matrices the source already hands out quantized are passed through, as are vectors (norms,
+    biases), which stay float32.
+    """
+
+    def __init__(self, source: Any, format: str):
+        self.source = source
+        self.format = requantize_format(format)
+        self.config = source.config
+        self.tokenizer = source.tokenizer
+
+    def tensor_names(self) -> list[str]:
+        return self.source.tensor_names()
+
+    def tensor(self, name: str) -> np.ndarray | QuantizedTensor:
+        tensor = self.source.tensor(name)
+        if isinstance(tensor, np.ndarray) and tensor.ndim == 2:
+            return QuantizedTensor.quantize(tensor, self.format)
+        return tensor
+
+    def where(self, name: str | None) -> str:
+        return self.source.where(name)
+
+
+def weight_format(array: np.ndarray | QuantizedTensor) -> str:
+    """GGML's name for how a weight is held: its block format, or F32/F16/BF16 for an ndarray."""
+    if isinstance(array, QuantizedTensor):
+        return array.format
+    return {"float32": "F32", "float16": "F16"}.get(array.dtype.name, array.dtype.name.upper())
+
+
+def weight_bytes_by_format(weights: Any) -> dict[str, int]:
+    """Bytes of a model's weights (a ModelWeights, or any dataclass of arrays and lists of them) by format.
+
+    An array reached twice (a tied embedding and LM head) counts once.
+    """
+    seen: dict[int, np.ndarray | QuantizedTensor] = {}
+
+    def visit(value: Any) -> None:
+        if isinstance(value, (np.ndarray, QuantizedTensor)):
+            seen[id(value)] = value
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                visit(item)
+        elif is_dataclass(value):
+            for field in fields(value):
+                visit(getattr(value, field.name))
+
+    visit(weights)
+    totals: dict[str, int] = {}
+    for array in seen.values():
+        totals[weight_format(array)] = totals.get(weight_format(array), 0) + array.nbytes
+    return dict(sorted(totals.items(), key=lambda item: -item[1]))

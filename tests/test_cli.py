@@ -1,0 +1,397 @@
+"""The command line, run in-process on a tiny random model, and as ``python -m refllm`` where exits matter.
+
+The tiny model is a random-weight Llama in a Hugging Face directory, with a
+byte-level BPE tokenizer trained in memory and a ChatML chat template, so
+every command runs in well under a second. Each command's output is checked
+against the same computation done directly through refllm's Python API.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import re
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import tokenizers
+from safetensors.numpy import save_file
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+import refllm
+from refllm import CacheConfig, ModelConfig, cli
+from refllm.errors import InvalidInputError
+from refllm.io.tokenizer import Tokenizer
+from refllm.models.random import random_tensors
+from refllm.quant.linear import QuantizedTensor
+from refllm.runtime.generate import generate_stream
+from refllm.runtime.sampling import SamplingParams
+from tests.real_models import SMOLLM2, real_model_or_skip
+
+ROOT = Path(__file__).resolve().parents[1]
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIAL_TOKENS = ["<s>", "<|im_start|>", "<|im_end|>"]
+CORPUS = [
+    "the quick brown fox jumps over the lazy dog",
+    "hello world, how are you today?",
+    "tiny models say odd things",
+]
+
+
+def write_tiny_model(path: Path, chat_template: str | None = CHATML) -> Path:
+    """A random-weight Llama directory: config.json, model.safetensors, tokenizer.json, tokenizer_config.json."""
+    backend = tokenizers.Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=SPECIAL_TOKENS, initial_alphabet=alphabet, show_progress=False
+    )
+    backend.train_from_iterator(CORPUS, trainer)
+    path.mkdir(parents=True)
+    backend.save(str(path / "tokenizer.json"))
+    tokenizer_config = {"bos_token": "<s>", "eos_token": "<|im_end|>", "add_bos_token": True}
+    if chat_template is not None:
+        tokenizer_config["chat_template"] = chat_template
+    (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    config = dict(
+        model_type="llama",
+        vocab_size=backend.get_vocab_size(),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        rope_theta=10_000.0,
+        bos_token_id=backend.token_to_id("<s>"),
+        eos_token_id=backend.token_to_id("<|im_end|>"),
+    )
+    (path / "config.json").write_text(json.dumps(config))
+    save_file(random_tensors(ModelConfig.from_hf(config), seed=3, std=0.3), str(path / "model.safetensors"))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    return str(write_tiny_model(tmp_path_factory.mktemp("cli") / "tiny"))
+
+
+@pytest.fixture(scope="module")
+def model(tiny):
+    return refllm.load_model(tiny)
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def chat_messages(monkeypatch) -> list[list[dict]]:
+    """Record the conversation the chat template renders at every turn."""
+    seen, render = [], Tokenizer.apply_chat_template
+
+    def spy(self, messages, *args, **kwargs):
+        seen.append(copy.deepcopy(list(messages)))
+        return render(self, messages, *args, **kwargs)
+
+    monkeypatch.setattr(Tokenizer, "apply_chat_template", spy)
+    return seen
+
+
+# ---- every command explains itself ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "perplexity", "embed", "info", "bench", "pull"])
+def test_every_command_explains_itself_with_an_example(command, capsys):
+    with pytest.raises(SystemExit) as raised:
+        cli.main([command, "--help"])
+    out = capsys.readouterr().out
+    assert raised.value.code == 0
+    assert re.search(rf"examples?:\n  .*refllm {command}", out)
+
+
+# ---- generate and chat ----------------------------------------------------------------------------------
+
+
+def test_generate_streams_the_continuation_of_the_prompt(tiny, model, capsys):
+    code, out, err = run(capsys, "generate", "hello world", "--model", tiny, "--max-tokens", "12")
+    expected = "".join(
+        s.text for s in generate_stream(model, model.tokenizer.encode("hello world"), SamplingParams(max_tokens=12))
+    )
+    assert code == 0
+    assert out == "hello world" + expected + "\n"
+    assert re.search(rf"loading {re.escape(tiny)} \.\.\. done in \d+\.\d s", err)
+
+
+def test_generate_chat_sends_the_prompt_through_the_chat_template(tiny, model, capsys, monkeypatch):
+    prompt = model.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
+    ids = model.tokenizer.encode(prompt, add_special_tokens=False)
+    expected = "".join(s.text for s in generate_stream(model, ids, SamplingParams(max_tokens=5)))
+    seen = chat_messages(monkeypatch)
+    code, out, _ = run(capsys, "generate", "hi", "--chat", "--model", tiny, "--max-tokens", "5")
+    assert code == 0
+    assert seen == [[{"role": "user", "content": "hi"}]]
+    assert out == expected + "\n"
+
+
+def test_chat_keeps_the_conversation_and_reset_clears_it(tiny, capsys, monkeypatch):
+    seen = chat_messages(monkeypatch)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Hi\nhow are you\n/reset\nBye\n/exit\nnever read\n"))
+    code, out, err = run(capsys, "chat", "--model", tiny, "--system", "be brief", "--max-tokens", "4")
+    assert code == 0
+    assert [[m["role"] for m in conversation] for conversation in seen] == [
+        ["system", "user"],
+        ["system", "user", "assistant", "user"],
+        ["system", "user"],
+    ]
+    assert [conversation[-1]["content"] for conversation in seen] == ["Hi", "how are you", "Bye"]
+    assert seen[0][0] == {"role": "system", "content": "be brief"}
+    assert out.count("\n") >= 3 and "(conversation cleared)" in err
+
+
+def test_ctrl_c_stops_the_answer_and_the_chat_goes_on(tiny, monkeypatch):
+    seen = chat_messages(monkeypatch)
+
+    class CtrlCOnFirstWrite(io.StringIO):
+        first: str | None = None
+
+        def write(self, text):
+            if self.first is None:
+                self.first = text
+                signal.raise_signal(signal.SIGINT)
+            return super().write(text)
+
+    stdout, stderr, handler = CtrlCOnFirstWrite(), io.StringIO(), signal.getsignal(signal.SIGINT)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Hi\nagain\n"))
+    monkeypatch.setattr(sys, "stdout", stdout)
+    monkeypatch.setattr(sys, "stderr", stderr)
+    assert cli.main(["chat", "--model", tiny, "--max-tokens", "40"]) == 0
+    assert "(answer stopped)" in stderr.getvalue()
+    assert len(seen) == 2 and seen[1][1] == {"role": "assistant", "content": stdout.first}
+    assert signal.getsignal(signal.SIGINT) is handler
+
+
+def test_a_conversation_past_the_context_is_refused_and_the_chat_goes_on(tiny, capsys, monkeypatch):
+    seen = chat_messages(monkeypatch)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("hello world " * 200 + "\nHi\n"))
+    code, _, err = run(capsys, "chat", "--model", tiny, "--max-tokens", "2")
+    assert code == 0 and "/reset starts a new conversation" in err
+    assert seen[-1] == [{"role": "user", "content": "Hi"}]
+
+
+def test_chat_refuses_a_model_without_a_chat_template(tmp_path, capsys):
+    base = str(write_tiny_model(tmp_path / "base", chat_template=None))
+    code, out, err = run(capsys, "chat", "--model", base)
+    assert code == 1 and out == ""
+    assert err.splitlines() == [
+        f"refllm: error: {base} has no chat template, so it cannot chat; `refllm generate` continues plain text with it"
+    ]
+
+
+# ---- perplexity -------------------------------------------------------------------------------------------
+
+
+def reference_perplexity(model, ids: list[int], window: int, stride: int) -> tuple[float, int]:
+    """Token by token: token t is scored from the first window holding it and the token before it."""
+    spans = [(b, min(b + window, len(ids))) for b in range(0, len(ids), stride)]
+    spans = spans[: next(i for i, (_, end) in enumerate(spans) if end == len(ids)) + 1]
+    nll = []
+    for t in range(1, len(ids)):
+        begin = next((b for b, end in spans if b < t < end), None)
+        if begin is None:  # non-overlapping windows: a window's first token has nothing before it
+            continue
+        cache = model.create_kv_cache(CacheConfig(kind="contiguous"))
+        logits = model.prefill(np.array([ids[begin:t]]), cache, range(t - begin))[0].astype(np.float64)
+        nll.append(np.log(np.exp(logits - logits.max()).sum()) + logits.max() - logits[ids[t]])
+    return float(np.exp(np.mean(nll))), len(nll)
+
+
+@pytest.mark.parametrize("cache", ["paged", "contiguous"])
+@pytest.mark.parametrize("window, stride", [(64, 32), (8, 3), (8, 8), (2, 1)])
+def test_perplexity_scores_each_token_once_from_its_sliding_window(model, cache, window, stride):
+    ids = model.tokenizer.encode(" ".join(CORPUS * 3))[:40]
+    expected, count = reference_perplexity(model, ids, window, stride)
+    value, scored = cli.perplexity(model, ids, window, stride, cache)
+    assert scored == count
+    assert value == pytest.approx(expected, rel=1e-5)
+
+
+def test_perplexity_command_prints_perplexity_and_speed(tiny, model, tmp_path, capsys):
+    text = tmp_path / "text.txt"
+    text.write_text(" ".join(CORPUS))
+    ids = model.tokenizer.encode(text.read_text())
+    code, out, err = run(capsys, "perplexity", str(text), "--model", tiny, "--window", "16", "--stride", "8")
+    expected, count = reference_perplexity(model, ids, 16, 8)
+    value = float(re.search(r"perplexity (\S+) over (\d+) tokens", out).group(1))
+    assert code == 0 and value == pytest.approx(expected, rel=1e-4)
+    assert re.search(rf"^{count} tokens scored in \S+ s: \S+ tokens/s$", out, re.M)
+    assert "scoring text.txt ... done in" in err
+
+
+# ---- embed and info ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pooling", ["mean", "last"])
+def test_embed_prints_pooled_final_hidden_states_as_json(tiny, model, pooling, capsys):
+    code, out, _ = run(capsys, "embed", "hello world", "the lazy dog", "--model", tiny, "--pooling", pooling)
+    result = json.loads(out)
+    assert code == 0 and result["pooling"] == pooling and result["dimensions"] == 32
+    for row, text in zip(result["data"], ["hello world", "the lazy dog"], strict=True):
+        ids = model.tokenizer.encode(text)
+        hidden = model.prefill_hidden(np.array([ids]), model.create_kv_cache(), range(len(ids)))[0]
+        expected = hidden.mean(axis=0) if pooling == "mean" else hidden[-1]
+        assert row["text"] == text and row["tokens"] == len(ids)
+        np.testing.assert_allclose(row["embedding"], expected, rtol=1e-6, atol=1e-6)
+
+
+def info_rows(out: str) -> dict[str, str]:
+    return dict(re.match(r"(\S+(?: cache)?)\s{2,}(.*)", line).groups() for line in out.splitlines())
+
+
+def test_info_describes_a_hugging_face_directory(tiny, model, capsys):
+    code, out, _ = run(capsys, "info", tiny, "--context", "40")
+    rows = info_rows(out)
+    c = model.config
+    assert code == 0
+    assert rows["architecture"].startswith("llama: 2 layers, hidden size 32")
+    assert rows["parameters"].startswith(f"{c.num_parameters:,} ")
+    assert rows["tensors"] == f"{2 + 9 * 2 + 1} F32"  # embed, norm, 9 per layer, lm_head
+    assert rows["tokenizer"] == "chat template: yes"
+    # K and V, 2 layers, 2 KV heads, head dim 8, float32: 256 B a token; 40 tokens take 3 blocks of 16
+    assert rows["KV cache"] == "256 B per token; 12.0 KiB for 40 tokens"
+
+
+def test_info_counts_the_tensor_types_of_a_gguf_file(tmp_path, capsys):
+    from tests.test_gguf_source import convert
+
+    path = convert("llama", tmp_path / "llama.gguf", "Q8_0")
+    types = Counter(t.tensor_type.name for t in gguf.GGUFReader(path).tensors)
+    code, out, _ = run(capsys, "info", str(path))
+    rows = info_rows(out)
+    assert code == 0 and set(types) == {"Q8_0", "F32"}
+    assert rows["tensors"] == ", ".join(f"{n} {name}" for name, n in types.most_common())
+    assert rows["file"].startswith("GGUF, ") and rows["tokenizer"] == "none"
+    float32, quantized = re.fullmatch(r"(\S+) KiB as float32; (\S+) KiB quantized", rows["weights"]).groups()
+    assert float(quantized) < float(float32) / 3  # Q8_0: 34 bytes a block of 32 weights
+
+
+def test_a_quantized_load_keeps_the_matrices_of_a_gguf_file_in_their_blocks(tmp_path):
+    from tests.test_gguf_source import convert
+
+    path = str(convert("llama", tmp_path / "llama.gguf", "Q8_0"))
+    assert isinstance(cli._load(path, text=False, quantized=True).weights.layers[0].q_proj, QuantizedTensor)
+    assert isinstance(cli._load(path, text=False).weights.layers[0].q_proj, np.ndarray)
+
+
+@pytest.mark.parametrize("command", [["generate", "hi"], ["chat"], ["bench"]])
+@pytest.mark.parametrize("flags, quantized", [([], True), (["--float32"], False)])
+def test_generation_multiplies_from_quantized_blocks_unless_asked_for_float32(command, flags, quantized, monkeypatch):
+    asked = {}
+
+    def load(name, **options):
+        asked.update(options)
+        raise InvalidInputError("stop here")
+
+    monkeypatch.setattr(cli, "_load", load)
+    assert cli.main([*command, *flags]) == 1
+    assert asked["quantized"] is quantized
+
+
+# ---- bench ----------------------------------------------------------------------------------------------------
+
+
+def test_bench_reports_prefill_decode_and_batch_scaling(tiny, capsys):
+    code, out, _ = run(capsys, "bench", "--model", tiny, "--prompt-tokens", "8", "--new-tokens", "3", "--batch", "1,3")
+    assert code == 0
+    assert re.search(r"^machine .*CPUs", out, re.M) and re.search(r"Numba \S+ \(\d+ threads\)", out)
+    assert re.search(r"^prefill +8 tokens in \S+ s: \S+ tokens/s$", out, re.M)
+    rates = dict(re.findall(r"^ +(\d) +(\S+) +\S+ +\S+x$", out, re.M))
+    assert set(rates) == {"1", "3"} and all(float(r) > 0 for r in rates.values())
+
+
+# ---- errors a user can cause ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["generate", "hi", "--model", "no/such/dir"], "no/such/dir is neither a catalog model"),
+        (["perplexity", "no-such-file.txt"], "no-such-file.txt: no such file"),
+        (["perplexity", "tiny/config.json", "--window", "8", "--stride", "9"], "--stride 9 is longer than --window 8"),
+        (["info", "tiny", "--context", "100000"], "--context 100000 is longer than"),
+        (["generate", "hi", "--model", "tiny", "--top-p", "2"], "top_p=2.0 must be in (0, 1]"),
+    ],
+)
+def test_user_errors_print_one_line_and_exit_non_zero(argv, message, tiny, capsys):
+    code, _, err = run(capsys, *(a.replace("tiny", tiny) for a in argv))
+    assert code == 1
+    assert len(err.splitlines()) == 1 and err.startswith("refllm: error: ") and message in err
+
+
+def test_a_model_too_large_for_memory_is_refused_before_loading(tiny, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "available_memory", lambda: 1000)
+    code, out, err = run(capsys, "generate", "hi", "--model", tiny)
+    assert code == 1 and out == ""
+    assert re.fullmatch(
+        f"refllm: error: {re.escape(tiny)} needs about \\S+ KiB for its weights, more than the 1000 B of memory"
+        " available\n",
+        err,
+    )
+
+
+def test_debug_after_the_command_raises_instead(tiny):
+    with pytest.raises(ValueError, match="is longer than"):
+        cli.main(["info", tiny, "--context", "100000", "--debug"])
+
+
+def refllm_process(*argv: str, stdin: str = "") -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "refllm", *argv]
+    return subprocess.run(command, input=stdin, capture_output=True, text=True, cwd=ROOT, timeout=300)
+
+
+def test_a_bad_flag_value_is_one_line_without_traceback():
+    done = refllm_process("generate", "hi", "--max-tokens", "lots")
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines() == [
+        "refllm generate: error: argument --max-tokens: 'lots' is not a whole number (see refllm generate --help)"
+    ]
+
+
+def test_a_missing_file_is_one_line_and_debug_shows_the_traceback(tmp_path):
+    missing = str(tmp_path / "missing.gguf")
+    done = refllm_process("info", missing)
+    assert done.returncode == 1 and len(done.stderr.splitlines()) == 1 and "Traceback" not in done.stderr
+    assert done.stderr.startswith(f"refllm: error: {missing} is neither")
+    debug = refllm_process("--debug", "info", missing)
+    assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr
+
+
+def test_chat_reads_piped_stdin(tiny):
+    done = refllm_process("chat", "--model", tiny, "--max-tokens", "3", stdin="Hi\n/reset\nBye\n")
+    assert done.returncode == 0, done.stderr
+    assert "(conversation cleared)" in done.stderr and "Traceback" not in done.stderr
+    assert done.stdout.count("\n") >= 2
+
+
+@pytest.mark.real_model
+def test_generate_and_chat_stream_an_answer_from_a_real_model():
+    real_model_or_skip(SMOLLM2)
+    done = refllm_process("generate", "The capital of France is", "--max-tokens", "3")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("The capital of France is") and len(done.stdout) > len("The capital of France is\n")
+    done = refllm_process("chat", "--max-tokens", "3", stdin="What is the capital of France?\n/reset\nHi\n")
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.strip().splitlines()) >= 2
