@@ -19,7 +19,6 @@ SmolLM2-135M's projection shapes for T = 1..16 tokens: T calls of
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -68,7 +67,7 @@ def seconds_per_sweep(multiply, matrices: list, x: np.ndarray, runs: int) -> flo
     return statistics.median(times)
 
 
-def bandwidth(args: argparse.Namespace) -> dict:
+def bandwidth(args: argparse.Namespace) -> None:
     rng = np.random.default_rng(0)
     x = rng.standard_normal(args.cols).astype(np.float32)
     budget = args.working_set * 1e6
@@ -76,29 +75,27 @@ def bandwidth(args: argparse.Namespace) -> dict:
     def count(bytes_each: int) -> int:
         return max(1, int(np.ceil(budget / bytes_each)))
 
-    floats = [rng.standard_normal((args.rows, args.cols), dtype=np.float32) for _ in range(count(4 * args.rows * args.cols))]
-    f32 = seconds_per_sweep(lambda w, v: w @ v, floats, x, args.runs) / len(floats)
     weights = args.rows * args.cols
-    table = {"F32 (NumPy GEMV)": dict(gb_per_s=round(4 * weights / f32 / 1e9, 2), g_weights_per_s=round(weights / f32 / 1e9, 2), time_per_weight_vs_f32=1.0)}
+    floats = [rng.standard_normal((args.rows, args.cols), dtype=np.float32) for _ in range(count(4 * weights))]
+    f32 = seconds_per_sweep(lambda w, v: w @ v, floats, x, args.runs) / len(floats)
+    table = {"F32 (NumPy GEMV)": (4 * weights / f32 / 1e9, weights / f32 / 1e9, 1.0)}
     del floats
     for name in KERNEL_FORMATS:
         first = random_blocks(name, args.rows, args.cols, rng)
         matrices = [first] + [first.copy() for _ in range(count(first.nbytes) - 1)]
         code = FORMAT_CODES[name]
         seconds = seconds_per_sweep(lambda w, v: quant_matvec(w, code, v), matrices, x, args.runs) / len(matrices)
-        table[name] = dict(
-            gb_per_s=round(first.nbytes / seconds / 1e9, 2),
-            g_weights_per_s=round(weights / seconds / 1e9, 2),
-            time_per_weight_vs_f32=round(seconds / f32, 2),
-        )
-    return table
+        table[name] = (first.nbytes / seconds / 1e9, weights / seconds / 1e9, seconds / f32)
+    print("| format | GB/s of weights | G weights/s | time per weight vs float32 GEMV |\n|---|---:|---:|---:|")
+    for name, (gb, g, ratio) in table.items():
+        print(f"| {name} | {gb:.1f} | {g:.1f} | {ratio:.2f} |")
 
 
-def crossover(args: argparse.Namespace) -> dict:
+def crossover(args: argparse.Namespace) -> None:
     """Microseconds of T matvec calls vs one matmul call, on SmolLM2-135M's Q4_1 projection shapes."""
     rng = np.random.default_rng(0)
     code = FORMAT_CODES["Q4_1"]
-    result = {}
+    print("| matrix | tokens | T x quant_matvec, us | quant_matmul, us |\n|---|---:|---:|---:|")
     for rows, cols in ((576, 576), (1536, 576), (576, 1536)):
         blocks = random_blocks("Q4_1", rows, cols, rng)
         for tokens in (1, 2, 3, 4, 6, 8, 16):
@@ -110,8 +107,7 @@ def crossover(args: argparse.Namespace) -> dict:
 
             matvec = seconds_per_sweep(per_token, [None] * 20, x, args.runs) / 20
             matmul = seconds_per_sweep(lambda _, v: quant_matmul(blocks, code, v), [None] * 20, x, args.runs) / 20
-            result[f"{rows}x{cols} T={tokens}"] = dict(matvec_us=round(matvec * 1e6, 1), matmul_us=round(matmul * 1e6, 1))
-    return result
+            print(f"| {rows} x {cols} | {tokens} | {matvec * 1e6:.0f} | {matmul * 1e6:.0f} |")
 
 
 def main() -> None:
@@ -122,9 +118,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--crossover", action="store_true")
     args = parser.parse_args()
-    print(f"cpu: {cpu_model()}; cores: {os.cpu_count()}; numba threads: {numba.get_num_threads()};"
-          f" OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', '-')}")  # fmt: skip
-    print(json.dumps(crossover(args) if args.crossover else bandwidth(args), indent=1))
+    settings = ", ".join(f"{name}={os.environ.get(name, '-')}" for name in ("OMP_WAIT_POLICY", "OPENBLAS_NUM_THREADS"))
+    print(f"cpu: {cpu_model()}; cores: {os.cpu_count()}; numba threads: {numba.get_num_threads()}; {settings}")
+    crossover(args) if args.crossover else bandwidth(args)
 
 
 if __name__ == "__main__":

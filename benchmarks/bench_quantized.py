@@ -15,10 +15,16 @@ Figures are medians over ``--runs``. Engines that are not installed
 engine gets ``--threads`` threads: Numba's and OpenBLAS's pools, torch's
 intra-op pool, llama.cpp's n_threads and n_threads_batch.
 
-refllm's engines run once per ``--omp-wait-policy``: whether Numba's OpenMP
+refllm quantized runs once per ``--omp-wait-policy``: whether Numba's OpenMP
 workers sleep (passive, refllm's default) or spin (active) between parallel
 kernels decides how long each kernel waits for its second thread, and the
-forward pass launches a few hundred kernels per token.
+forward pass launches a few hundred kernels per token. refllm float32 runs
+with refllm's default (passive) only: with spinning workers its BLAS calls
+lose their second core and it decoded at about 2 tokens/s.
+
+Before the timed runs, each refllm configuration runs once untimed, so that
+Numba's cache is filled and no timed process (or its peak memory) includes a
+compilation.
 
     python benchmarks/bench_quantized.py [--model smollm2-135m] [--runs 5] [--threads 2]
 """
@@ -127,7 +133,8 @@ class LlamaCppEngine:
 
         self.np = np
         self.llm = llama_cpp.Llama(
-            model_path=str(path), n_ctx=CONTEXT, n_batch=CONTEXT, n_threads=threads, n_threads_batch=threads, verbose=False
+            model_path=str(path), n_ctx=CONTEXT, n_batch=CONTEXT, n_threads=threads, n_threads_batch=threads,
+            verbose=False,
         )
 
     def prefill(self, ids: list[int]) -> int:
@@ -213,7 +220,8 @@ def main() -> None:
     parser.add_argument("--child", choices=ENGINES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:  # the parent passes a path; importing refllm here would set OpenMP's policy for every engine
-        print(json.dumps(run_engine(args.child, Path(args.model), args.prompt_tokens, args.decode_tokens, args.threads)))
+        figures = run_engine(args.child, Path(args.model), args.prompt_tokens, args.decode_tokens, args.threads)
+        print(json.dumps(figures))
         return
 
     from refllm import catalog
@@ -228,33 +236,42 @@ def main() -> None:
         missing = [m for m in IMPORTS[engine] if importlib.util.find_spec(m) is None]
         if missing:
             print(f"skipping {engine}: {', '.join(missing)} not installed")
-        elif engine.startswith("refllm"):
+        elif engine == "refllm-quantized":
             configurations += [(f"{engine} (OpenMP {policy})", engine, policy) for policy in args.omp_wait_policy]
+        elif engine == "refllm-float32":
+            configurations.append((f"{engine} (OpenMP passive)", engine, "passive"))
         else:
             configurations.append((engine, engine, None))
 
+    def run(engine: str, policy: str | None, prompt_tokens: int, decode_tokens: int) -> dict:
+        command = [sys.executable, __file__, "--child", engine, "--model", str(path), "--threads", str(args.threads),
+                   "--prompt-tokens", str(prompt_tokens), "--decode-tokens", str(decode_tokens)]  # fmt: skip
+        done = subprocess.run(command, env=child_environment(args.threads, policy), capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"{engine} failed:\n{done.stderr[-3000:]}")
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    for _, engine, policy in configurations:
+        if engine.startswith("refllm"):
+            run(engine, policy, 8, 2)  # fill Numba's cache
+
     results: dict[str, list[dict]] = {label: [] for label, _, _ in configurations}
-    for run in range(args.runs):
+    for number in range(args.runs):
         for label, engine, policy in configurations:
-            command = [sys.executable, __file__, "--child", engine, "--model", str(path), "--threads", str(args.threads),
-                       "--prompt-tokens", str(args.prompt_tokens), "--decode-tokens", str(args.decode_tokens)]  # fmt: skip
-            done = subprocess.run(command, env=child_environment(args.threads, policy), capture_output=True, text=True)
-            if done.returncode != 0:
-                raise SystemExit(f"{label} failed:\n{done.stderr[-3000:]}")
-            results[label].append(json.loads(done.stdout.strip().splitlines()[-1]))
-            figures = results[label][-1]
-            print(f"run {run + 1} {label}: prefill {figures['prefill_tokens_per_s']:.1f} tok/s,"
+            figures = run(engine, policy, args.prompt_tokens, args.decode_tokens)
+            results[label].append(figures)
+            print(f"run {number + 1} {label}: prefill {figures['prefill_tokens_per_s']:.1f} tok/s,"
                   f" decode {figures['decode_tokens_per_s']:.1f} tok/s", flush=True)  # fmt: skip
 
     file_bytes = path.stat().st_size
-    print(f"\n| engine | decode tok/s ({args.decode_tokens} tokens, batch 1) | prefill tok/s ({args.prompt_tokens}-token prompt)"
-          " | peak RSS above imports |")  # fmt: skip
+    print(f"\n| engine | decode tok/s ({args.decode_tokens} tokens, batch 1)"
+          f" | prefill tok/s ({args.prompt_tokens}-token prompt) | peak RSS above imports (median) |")  # fmt: skip
     print("|---|---|---|---|")
     summary = {}
     for engine, runs in results.items():
         decode = statistics.median(r["decode_tokens_per_s"] for r in runs)
         prefill = statistics.median(r["prefill_tokens_per_s"] for r in runs)
-        peak = max(r["peak_above_imports"] for r in runs)
+        peak = statistics.median(r["peak_above_imports"] for r in runs)
         summary[engine] = dict(decode=decode, prefill=prefill, peak=peak, kv_bytes=runs[0]["kv_bytes"])
         print(f"| {engine} | {decode:.1f} | {prefill:.1f} | {peak / 1e6:.0f} MB |")
     for policy in args.omp_wait_policy:
@@ -264,7 +281,7 @@ def main() -> None:
         budget = 1.5 * file_bytes + quantized["kv_bytes"]
         print(f"\nrefllm quantized, OpenMP {policy}: peak {quantized['peak'] / 1e6:.0f} MB"
               f" vs 1.5 x file + KV arena = {budget / 1e6:.0f} MB")  # fmt: skip
-        for other in dict.fromkeys(("llama.cpp", f"refllm-float32 (OpenMP {policy})", "refllm-float32 (OpenMP passive)")):
+        for other in ("llama.cpp", "refllm-float32 (OpenMP passive)"):
             if other in summary:
                 print(f"  / {other}: decode {quantized['decode'] / summary[other]['decode']:.2f}x,"
                       f" prefill {quantized['prefill'] / summary[other]['prefill']:.2f}x")  # fmt: skip

@@ -47,7 +47,8 @@ EXTREME_F16 = np.array([65504.0, -65504.0, 2.0**-14, 2.0**-24, -(2.0**-24), 0.0,
 
 
 def random_blocks(name: str, rows: int, blocks_per_row: int, rng: np.random.Generator, extreme: float) -> np.ndarray:
-    """[rows, blocks_per_row * type_size] random bytes; float16 fields ordinary, or extreme with probability ``extreme``."""
+    """[rows, blocks_per_row * type_size] random bytes; each float16 field ordinary, or with probability
+    ``extreme`` one of EXTREME_F16."""
     size = block_format(name).type_size
     blocks = rng.integers(0, 256, size=(rows * blocks_per_row, size), dtype=np.uint8)
     for offset in SCALE_FIELDS[name] + MIN_FIELDS.get(name, []):
@@ -133,6 +134,27 @@ def test_quantized_tensor_in_the_spec_linear(name, case):
     assert linear(x[0], tensor).shape == (len(blocks),)
 
 
+@pytest.mark.parametrize("name", KERNEL_FORMATS)
+def test_inner_loops_are_vectorised(name):
+    """The optimised LLVM IR of this format's decode product (``_dot4_<format>``) and of the prefill
+    micro-kernel (``_tile4x4``) does float arithmetic on vectors: their loops were vectorised, not
+    left scalar or unrolled into scalars."""
+    dot4 = getattr(quant_matmul, f"_dot4_{name.lower()}")
+    row = np.zeros(2 * block_format(name).type_size, np.uint8)
+    x = np.zeros(2 * block_format(name).block_size, np.float32)
+    dot4((row, row, row, row), x, getattr(quant_matmul, f"_sums_{name.lower()}")(x))
+    tile = numba.njit(fastmath=quant_matmul._SUM)(quant_matmul._tile4x4.py_func)  # uncached: cached code hides its IR
+    tile(np.zeros((4, 64), np.float32), 0, np.zeros((4, 64), np.float32), 0)
+    for kernel in (dot4, tile):
+        ir = kernel.inspect_llvm(kernel.signatures[0])
+        assert re.search(r"= (fmul|fadd|fsub|call [^(]*@llvm\.fmuladd)[^\n]*<(8|16) x float>", ir), (
+            f"{name}: no vector float arithmetic in {kernel.py_func.__name__}"
+        )
+
+
+# ---- requantization -----------------------------------------------------------------------------------
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     st.sampled_from(["Q8_0", "Q4_0"]),
@@ -197,6 +219,7 @@ def test_weight_bytes_by_format_counts_a_shared_array_once(q4_1):
         lambda t: t.matmul(np.zeros((2, 64), np.float64)),  # not float32
         lambda t: t[::2],  # a strided slice
         lambda t: t[1.5],
+        lambda t: t[np.array([3, 10])],  # row 10 of 10
         lambda t: QuantizedTensor(t.blocks, "F16", t.shape),  # no kernel reads F16
         lambda t: QuantizedTensor(t.blocks, "Q4_1", (10, 65)),  # C not whole blocks
         lambda t: QuantizedTensor(t.blocks[:, :20], "Q4_1", t.shape),  # blocks of the wrong size

@@ -8,7 +8,5 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from refllm.kernels.attention import paged_decode_attention, paged_prefill_attention, write_kv  # noqa: E402
-from refllm.kernels.quant_matmul import dequantize_rows, quant_matmul, quant_matvec  # noqa: E402
 
 __all__ = ["paged_decode_attention", "paged_prefill_attention", "write_kv"]
-__all__ += ["quant_matvec", "quant_matmul", "dequantize_rows"]

@@ -55,7 +55,6 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
 
@@ -114,7 +113,7 @@ def _prefetch(typingctx, array, index):
         byte_pointer = ir.IntType(8).as_pointer()
         int32 = ir.IntType(32)
         hint = ir.FunctionType(ir.VoidType(), [byte_pointer, int32, int32, int32])
-        prefetch = cgutils.get_or_insert_function(builder.module, hint, "llvm.prefetch.p0")
+        prefetch = builder.module.declare_intrinsic("llvm.prefetch", [byte_pointer], hint)
         address = builder.bitcast(builder.gep(data, [args[1]]), byte_pointer)
         builder.call(prefetch, [address, int32(0), int32(3), int32(1)])
         return context.get_dummy_value()
@@ -202,7 +201,8 @@ def _q5_0_params(row: np.ndarray, g: int) -> tuple:
 def _q5_0_lane(row: np.ndarray, g: int, j: int, qh: int) -> tuple[np.float32, np.float32]:
     """bytes 0-1 d | 2-5 qh: bit i is bit 4 of q_i | 6-21 qs as Q4_0; w = d * (q - 16)."""
     low, high = _nibbles(_at(row, 22 * g + 6 + j))
-    return low + np.float32(16.0) * _bit(qh, j) - np.float32(16.0), high + np.float32(16.0) * _bit(qh, j + 16) - np.float32(16.0)
+    sixteen = np.float32(16.0)
+    return low + sixteen * _bit(qh, j) - sixteen, high + sixteen * _bit(qh, j + 16) - sixteen
 
 
 @njit(cache=True)
@@ -265,7 +265,8 @@ def _q4_k_params(row: np.ndarray, g: int) -> tuple:
 
 @njit(cache=True)
 def _q4_k_lane(row: np.ndarray, g: int, j: int, bits: int) -> tuple[np.float32, np.float32]:
-    """bytes 0-1 d | 2-3 dmin | 4-15 scales | 16-143 qs: byte 32i + j holds sub-block 2i's q_j (low), 2i + 1's (high)."""
+    """bytes 0-1 d | 2-3 dmin | 4-15 scales | 16-143 qs: byte 32i + j holds q_j of sub-block 2i (low nibble)
+    and of sub-block 2i + 1 (high nibble)."""
     return _nibbles(_at(row, 144 * (g // 4) + 16 + 32 * (g % 4) + j))
 
 

@@ -137,7 +137,10 @@ class QuantizedTensor:
         ids = np.asarray(index)
         if not np.issubdtype(ids.dtype, np.integer):
             raise QuantizedShapeError(f"a QuantizedTensor is indexed by a row slice or integer rows; got {index!r}")
-        picked = self.blocks[ids.reshape(-1)]  # IndexError names an id out of range, as an ndarray's does
+        outside = (ids < 0) | (ids >= self.shape[0])
+        if outside.any():
+            raise QuantizedShapeError(f"row {ids[outside].flat[0]} is outside the {self.shape[0]} rows of {self!r}")
+        picked = self.blocks[ids.reshape(-1)]
         return dequantize(picked, self.format, (len(picked), self.shape[1])).reshape(*ids.shape, self.shape[1])
 
     def __repr__(self) -> str:
