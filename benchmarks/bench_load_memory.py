@@ -19,19 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-SMOLLM2_135M = dict(
-    model_type="llama",
-    vocab_size=49152,
-    hidden_size=576,
-    intermediate_size=1536,
-    num_hidden_layers=30,
-    num_attention_heads=9,
-    num_key_value_heads=3,
-    max_position_embeddings=8192,
-    rms_norm_eps=1e-5,
-    rope_theta=100000.0,
-    tie_word_embeddings=True,
-)
+from machine import SMOLLM2_135M  # benchmarks/machine.py
 
 _CHILD = r"""
 import json, sys, time

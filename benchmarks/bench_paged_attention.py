@@ -37,6 +37,7 @@ import numpy as np
 from refllm.kernels.attention import paged_decode_attention
 from refllm.kv import CacheConfig, CacheShape, PagedKVArena
 from refllm.nn.attention import attention
+from machine import cpu_model  # benchmarks/machine.py
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
 SCALE = HEAD_DIM**-0.5
@@ -58,17 +59,6 @@ def keep_freed_memory() -> bool:
         return False
     m_trim_threshold, m_mmap_threshold = -1, -3  # from glibc's malloc.h
     return bool(libc.mallopt(m_trim_threshold, 1 << 30) and libc.mallopt(m_mmap_threshold, 32 << 20))
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def call_seconds(call: Callable[[], object]) -> list[float]:

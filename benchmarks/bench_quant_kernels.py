@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import time
 
@@ -29,19 +28,12 @@ import numpy as np
 
 from refllm.kernels.quant_matmul import FORMAT_CODES, KERNEL_FORMATS, quant_matmul, quant_matvec
 from refllm.quant.formats import block_format
+from machine import cpu_model  # benchmarks/machine.py
 
 F16_FIELDS = {
     "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
     "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
 }  # fmt: skip
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            return next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown"
 
 
 def random_blocks(name: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:

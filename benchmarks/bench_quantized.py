@@ -35,12 +35,12 @@ import argparse
 import importlib.util
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+from machine import cpu_model  # benchmarks/machine.py
 
 ENGINES = ("refllm-float32", "refllm-quantized", "transformers-float32", "llama.cpp")
 # What each engine imports: imported before the footprint "after imports" is taken.
@@ -55,14 +55,6 @@ CONTEXT = 512  # tokens each engine's KV storage is sized for
 # process (refllm/kernels/__init__.py), which must not leak into the other engines' processes
 # (llama.cpp and torch run OpenMP pools of their own).
 USER_ENVIRONMENT = dict(os.environ)
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            return next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown"
 
 
 def memory(key: str) -> int:

@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import statistics
 import time
 
@@ -34,30 +33,10 @@ from refllm.runtime.executor import LLMExecutor
 from refllm.runtime.llm import LLM
 from refllm.runtime.sampling import SamplingParams
 from refllm.runtime.speculative import PromptLookupDrafter, speculative_generate
+from machine import SMOLLM2_135M, cpu_model  # benchmarks/machine.py
 
-SMOLLM2_135M = dict(
-    model_type="llama",
-    vocab_size=49152,
-    hidden_size=576,
-    intermediate_size=1536,
-    num_hidden_layers=30,
-    num_attention_heads=9,
-    num_key_value_heads=3,
-    max_position_embeddings=2048,  # the real model has 8192; the benchmark never gets near either
-    rms_norm_eps=1e-5,
-    rope_theta=100000.0,
-    tie_word_embeddings=True,
-)
 BATCH_SIZES = (1, 4, 8, 16)
 PROMPT_LENGTH = 32
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            return next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown"
 
 
 def decode_batch_tokens_per_second(llm: LLM, batch: int, steps: int, rng: np.random.Generator) -> float:

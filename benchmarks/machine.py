@@ -1,0 +1,29 @@
+"""What every benchmark shares: the machine's description and the model shape it measures."""
+
+from __future__ import annotations
+
+import platform
+
+# The SmolLM2-135M shape (config.json keys), for benchmarks on random weights of a real size.
+SMOLLM2_135M = dict(
+    model_type="llama",
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-5,
+    rope_theta=100000.0,
+    tie_word_embeddings=True,
+)
+
+
+def cpu_model() -> str:
+    """The CPU as /proc/cpuinfo names it, or what the platform module knows."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            return next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown"
