@@ -24,6 +24,7 @@ Dimension letters: H query heads, K KV heads, E head dim, D hidden size.
 
 from __future__ import annotations
 
+import mmap
 import re
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,8 @@ GEMMA3_SLIDING_WINDOW_PATTERN = 6  # five sliding-window layers, then one global
 GEMMA3_LOCAL_ROPE_THETA = 10_000.0  # RoPE base of the sliding-window layers
 GEMMA3_27B_LAYERS = 62  # the 27B scales queries by (D / H)^-0.5; the others by E^-0.5
 
+_BAND_BYTES = 8 << 20  # stored bytes dequantized at a time: bounds the file pages resident during a load
+
 
 class GGUFFileError(WeightError):
     """A GGUF file refllm cannot load: unreadable, truncated or corrupt, or of an
@@ -64,8 +67,19 @@ class _Reader(gguf.GGUFReader):
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "data" and isinstance(value, np.memmap):
+            self._map = value._mmap
             value = value.view(np.ndarray)
         super().__setattr__(name, value)
+
+    def release(self, offset: int, size: int) -> None:
+        """Drop the file pages of ``size`` bytes from ``offset``, already read, from this process's resident set.
+
+        They would otherwise stay counted until the file is closed, adding the
+        whole file to the peak memory of a load. The map is read-only and
+        file-backed, so a later read simply faults the pages back in.
+        """
+        start = offset - offset % mmap.PAGESIZE
+        self._map.madvise(mmap.MADV_DONTNEED, start, offset + size - start)
 
 
 # ---- the q/k row permutation of llama files -------------------------------------------------------
@@ -157,6 +171,9 @@ class GGUFSource:
         except ConfigError as e:
             raise GGUFFileError(f"{self.path}: {e}") from None
         self.tokenizer = self._tokenizer()
+        # Everything needed from the metadata is read. The parsed fields of a large vocabulary
+        # (262144 tokens for Gemma 3) are hundreds of MB of small arrays; free them before the weights.
+        self.reader.fields.clear()
 
     # ---- ModelSource ----
 
@@ -172,12 +189,25 @@ class GGUFSource:
         if self.quantized and kernel_reads(kind, shape):
             rows = QuantizedTensor.from_raw(stored.data, kind, shape).blocks  # [out, row bytes]
             return QuantizedTensor(self._undo_conversion(name, rows), kind, shape)
-        return self._undo_conversion(name, dequantize(stored.data, kind, shape))
+        return self._undo_conversion(name, self._dequantize(stored, kind, shape))
 
     def where(self, name: str | None) -> str:
         if name is None:
             return str(self.path)
         return f"{self.path} (GGUF tensor {self._tensors[name].name!r})"
+
+    def _dequantize(self, stored: Any, kind: str, shape: tuple[int, ...]) -> np.ndarray:
+        """The tensor in float32, dequantized a band of rows at a time, each band's file pages released once read."""
+        out = np.empty(shape, dtype=np.float32)
+        rows = out.reshape(-1, shape[-1])  # [R, C], a view
+        raw = np.ascontiguousarray(stored.data).reshape(-1).view(np.uint8)
+        row_bytes = raw.size // rows.shape[0]
+        band = max(1, _BAND_BYTES // row_bytes)
+        for start in range(0, rows.shape[0], band):
+            stop = min(start + band, rows.shape[0])
+            rows[start:stop] = dequantize(raw[start * row_bytes : stop * row_bytes], kind, (stop - start, shape[-1]))
+            self.reader.release(int(stored.data_offset) + start * row_bytes, (stop - start) * row_bytes)
+        return out
 
     # ---- what llama.cpp's converter changed ----
 
