@@ -11,7 +11,6 @@ notebooks/build_notebooks.py writes, without outputs.
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 import time
 from pathlib import Path
@@ -55,12 +54,9 @@ def _params():
 
 
 @pytest.mark.parametrize("name", list(_params()))
-def test_notebook_runs(name, monkeypatch):
+def test_notebook_runs(name):
     if name in REAL_MODEL:
         real_model_or_skip(SMOLLM2)
-    # Numba's OpenMP threads spin while they wait; on a shared machine whose cores are
-    # busy with other work, that turns a millisecond kernel call into a scheduler slice.
-    monkeypatch.setenv("OMP_WAIT_POLICY", os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
     notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
     notebook.cells.insert(0, nbformat.v4.new_code_cell(PROBE, id="probe"))
     client = nbclient.NotebookClient(

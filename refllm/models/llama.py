@@ -20,6 +20,7 @@ import numpy as np
 
 from refllm.config import ModelConfig
 from refllm.errors import ContextLengthError, InvalidInputError, PositionError, TokenOutOfRangeError
+from refllm.kernels import blas_on_calling_thread
 from refllm.kv import CacheConfig, CacheShape, KVCache, create_cache
 from refllm.models.contract import ModelMetadata, ModelSource
 from refllm.models.weights import LayerWeights, ModelWeights, assemble
@@ -123,6 +124,7 @@ class LlamaFamilyModel:
 
     # ---- the forward pass: no checks below this line -----------------------------------------
 
+    @blas_on_calling_thread
     def forward(self, x: np.ndarray, cache: KVCache, seq_ids: list[int]) -> np.ndarray:
         """x: [B, T, D] embeddings of row b at positions cache.length(b) .. + T -> final hidden [B, T, D]."""
         num_new = x.shape[1]
@@ -172,6 +174,7 @@ class LlamaFamilyModel:
         )  # [B, T, H, E]
         return linear(out.reshape(B, T, -1), w.o_proj, w.o_proj_bias)
 
+    @blas_on_calling_thread
     def logits(self, hidden: np.ndarray) -> np.ndarray:
         """hidden: [..., D] (after the final norm) -> [..., V]."""
         logits = linear(hidden, self.weights.lm_head)

@@ -49,9 +49,9 @@ def _parallel_min_weights() -> int:
     """Products of fewer multiply-adds than this run on the calling thread alone.
 
     A parallel kernel first wakes the idle workers of Numba's OpenMP pool. Sleeping workers
-    (OMP_WAIT_POLICY=passive, refllm/kernels/__init__.py's default) took 60-70 us to wake on the
-    project's 2-core VM, the time one core takes for ~1M weights: below that a second core
-    cannot win its wake-up back. Spinning workers (active, or a GOMP_SPINCOUNT) answer in ~2 us.
+    (OMP_WAIT_POLICY=passive) took 60-70 us to wake on the project's 2-core VM, the time one
+    core takes for ~1M weights: below that a second core cannot win its wake-up back. Workers
+    that spin a while (refllm/kernels/threads.py's default) answer in ~2 us.
     """
     sleeping = os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE" and "GOMP_SPINCOUNT" not in os.environ
     return 1 << 20 if sleeping else 1 << 16
