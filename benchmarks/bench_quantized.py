@@ -15,18 +15,18 @@ Figures are medians over ``--runs``. Engines that are not installed
 engine gets ``--threads`` threads: Numba's and OpenBLAS's pools, torch's
 intra-op pool, llama.cpp's n_threads and n_threads_batch.
 
-refllm quantized runs once per ``--omp-wait-policy``: whether Numba's OpenMP
-workers sleep (passive, refllm's default) or spin (active) between parallel
-kernels decides how long each kernel waits for its second thread, and the
-forward pass launches a few hundred kernels per token. refllm float32 runs
-with refllm's default (passive) only: with spinning workers its BLAS calls
-lose their second core and it decoded at about 2 tokens/s.
+Both refllm engines run with refllm's thread policy (refllm/kernels/threads.py);
+the other engines get the environment the benchmark was started with.
 
 Before the timed runs, each refllm configuration runs once untimed, so that
 Numba's cache is filled and no timed process (or its peak memory) includes a
 compilation.
 
     python benchmarks/bench_quantized.py [--model smollm2-135m] [--runs 5] [--threads 2]
+
+Ratios printed at the end: refllm quantized against llama.cpp and refllm
+float32 (docs/quantization.md), and refllm float32 against transformers
+(docs/performance.md), each from the same run.
 """
 
 from __future__ import annotations
@@ -179,12 +179,10 @@ def run_engine(engine: str, path: Path, prompt_tokens: int, decode_tokens: int, 
 # ---- the driver ----------------------------------------------------------------------------------------
 
 
-def child_environment(threads: int, wait_policy: str | None) -> dict[str, str]:
+def child_environment(threads: int) -> dict[str, str]:
     env = dict(USER_ENVIRONMENT)
     for name in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         env[name] = str(threads)
-    if wait_policy is not None:
-        env["OMP_WAIT_POLICY"] = wait_policy
     return env
 
 
@@ -208,7 +206,6 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--decode-tokens", type=int, default=128)
     parser.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
-    parser.add_argument("--omp-wait-policy", nargs="+", choices=("passive", "active"), default=["passive", "active"])
     parser.add_argument("--child", choices=ENGINES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:  # the parent passes a path; importing refllm here would set OpenMP's policy for every engine
@@ -223,60 +220,56 @@ def main() -> None:
     print(f"model: {path.name} ({path.stat().st_size / 1e6:.1f} MB)")
     print(f"cpu: {cpu_model()}; cores: {os.cpu_count()}; threads per engine: {args.threads}")
     print("versions: " + ", ".join(f"{k} {v}" for k, v in versions().items()))
-    configurations = []  # (label, engine, OMP wait policy)
+    engines = []
     for engine in args.engines:
         missing = [m for m in IMPORTS[engine] if importlib.util.find_spec(m) is None]
         if missing:
             print(f"skipping {engine}: {', '.join(missing)} not installed")
-        elif engine == "refllm-quantized":
-            configurations += [(f"{engine} (OpenMP {policy})", engine, policy) for policy in args.omp_wait_policy]
-        elif engine == "refllm-float32":
-            configurations.append((f"{engine} (OpenMP passive)", engine, "passive"))
         else:
-            configurations.append((engine, engine, None))
+            engines.append(engine)
 
-    def run(engine: str, policy: str | None, prompt_tokens: int, decode_tokens: int) -> dict:
+    def run(engine: str, prompt_tokens: int, decode_tokens: int) -> dict:
         command = [sys.executable, __file__, "--child", engine, "--model", str(path), "--threads", str(args.threads),
                    "--prompt-tokens", str(prompt_tokens), "--decode-tokens", str(decode_tokens)]  # fmt: skip
-        done = subprocess.run(command, env=child_environment(args.threads, policy), capture_output=True, text=True)
+        done = subprocess.run(command, env=child_environment(args.threads), capture_output=True, text=True)
         if done.returncode != 0:
             raise SystemExit(f"{engine} failed:\n{done.stderr[-3000:]}")
         return json.loads(done.stdout.strip().splitlines()[-1])
 
-    for _, engine, policy in configurations:
+    for engine in engines:
         if engine.startswith("refllm"):
-            run(engine, policy, 8, 2)  # fill Numba's cache
+            run(engine, 8, 2)  # fill Numba's cache
 
-    results: dict[str, list[dict]] = {label: [] for label, _, _ in configurations}
+    results: dict[str, list[dict]] = {engine: [] for engine in engines}
     for number in range(args.runs):
-        for label, engine, policy in configurations:
-            figures = run(engine, policy, args.prompt_tokens, args.decode_tokens)
+        for label in engines:
+            figures = run(label, args.prompt_tokens, args.decode_tokens)
             results[label].append(figures)
             print(f"run {number + 1} {label}: prefill {figures['prefill_tokens_per_s']:.1f} tok/s,"
                   f" decode {figures['decode_tokens_per_s']:.1f} tok/s", flush=True)  # fmt: skip
 
     file_bytes = path.stat().st_size
     print(f"\n| engine | decode tok/s ({args.decode_tokens} tokens, batch 1)"
-          f" | prefill tok/s ({args.prompt_tokens}-token prompt) | peak RSS above imports (median) |")  # fmt: skip
-    print("|---|---|---|---|")
+          f" | prefill tok/s ({args.prompt_tokens}-token prompt) | load s | peak RSS above imports (median) |")  # fmt: skip
+    print("|---|---|---|---|---|")
     summary = {}
     for engine, runs in results.items():
         decode = statistics.median(r["decode_tokens_per_s"] for r in runs)
         prefill = statistics.median(r["prefill_tokens_per_s"] for r in runs)
         peak = statistics.median(r["peak_above_imports"] for r in runs)
+        load = statistics.median(r["load_s"] for r in runs)
         summary[engine] = dict(decode=decode, prefill=prefill, peak=peak, kv_bytes=runs[0]["kv_bytes"])
-        print(f"| {engine} | {decode:.1f} | {prefill:.1f} | {peak / 1e6:.0f} MB |")
-    for policy in args.omp_wait_policy:
-        quantized = summary.get(f"refllm-quantized (OpenMP {policy})")
-        if quantized is None:
-            continue
+        print(f"| {engine} | {decode:.1f} | {prefill:.1f} | {load:.2f} | {peak / 1e6:.0f} MB |")
+    quantized = summary.get("refllm-quantized")
+    if quantized is not None:
         budget = 1.5 * file_bytes + quantized["kv_bytes"]
-        print(f"\nrefllm quantized, OpenMP {policy}: peak {quantized['peak'] / 1e6:.0f} MB"
+        print(f"\nrefllm quantized: peak {quantized['peak'] / 1e6:.0f} MB"
               f" vs 1.5 x file + KV arena = {budget / 1e6:.0f} MB")  # fmt: skip
-        for other in ("llama.cpp", "refllm-float32 (OpenMP passive)"):
-            if other in summary:
-                print(f"  / {other}: decode {quantized['decode'] / summary[other]['decode']:.2f}x,"
-                      f" prefill {quantized['prefill'] / summary[other]['prefill']:.2f}x")  # fmt: skip
+    for engine, other in (("refllm-quantized", "llama.cpp"), ("refllm-quantized", "refllm-float32"),
+                          ("refllm-float32", "transformers-float32")):  # fmt: skip
+        if engine in summary and other in summary:
+            print(f"{engine} / {other}: decode {summary[engine]['decode'] / summary[other]['decode']:.2f}x,"
+                  f" prefill {summary[engine]['prefill'] / summary[other]['prefill']:.2f}x")  # fmt: skip
     print(json.dumps(dict(model=path.name, threads=args.threads, runs=results), indent=None))
 
 
