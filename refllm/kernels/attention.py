@@ -13,9 +13,12 @@ except that keys are read in place from their blocks and the softmax is
 streamed: block by block, a running maximum and denominator are kept and the
 output accumulator is rescaled whenever the maximum grows, so the scores are
 never materialised. Keys the mask hides are never visited, so a sliding
-window costs only the window. Sums run in float64, which keeps the kernels
-within float32 rounding of the spec whatever the summation order. Fast-math
-is off except for the two reordering flags on the dot product (see ``_dot``).
+window costs only the window. A score is a float32 dot product of E terms
+(rounding error about sqrt(E) float32 ulps of |q||k|, far inside the tests'
+tolerance); everything after it (the softmax and the weighted sum of values)
+runs in float64, which keeps the kernels within float32 rounding of the spec
+whatever the summation order. Fast-math is off except for the two reordering
+flags on the dot product (see ``_dot``).
 
 Scalars use sentinels so one compiled signature serves every call:
 ``window`` 0 means no sliding window, ``softcap`` 0.0 means no soft-capping.
@@ -28,21 +31,22 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from refllm.kernels.prefetch import prefetch
+
 
 # The one place fast-math flags are on, and only these two: "reassoc" lets the
 # compiler split this sum into SIMD lanes and add the lanes up at the end, and
 # "contract" lets it fuse each multiply-add. Both only change how an E-term
-# float64 sum is rounded (by about 1e-16 relative, far below float32
-# resolution); no approximate functions and no NaN/Inf assumptions come with
-# them. Without them the dot runs one element at a time and takes about two
-# thirds of the decode kernel's time.
+# float32 sum is rounded; no approximate functions and no NaN/Inf assumptions
+# come with them. Without them the dot runs one element at a time and takes
+# about two thirds of the decode kernel's time.
 @njit(cache=True, fastmath={"reassoc", "contract"})
 def _dot(q: np.ndarray, k: np.ndarray) -> float:
-    """q: [E] float64, k: [E] float32 -> q . k in float64."""
-    total = 0.0
+    """q: [E] float32, k: [E] float32 -> q . k, summed in float32, as a float64."""
+    total = np.float32(0.0)
     for e in range(q.shape[0]):
         total += q[e] * k[e]
-    return total
+    return float(total)
 
 
 @njit(cache=True)
@@ -61,48 +65,68 @@ def _attend_keys(
 ) -> None:
     """Streaming softmax of every query head at one position over the keys key_start .. key_end - 1.
 
-    queries: [H, E] float64, key_cache/value_cache: [N, S, K, E], block_table:
+    queries: [H, E] float32, key_cache/value_cache: [N, S, K, E], block_table:
     [blocks] int32. Writes maxes: [H], denominators: [H], acc: [H, E] (float64):
     acc[h] = sum_j exp(score[h, j] - maxes[h]) * value[j], denominators[h] the
     same sum without the values. All heads go through a block before the next
-    one, so each block is read once, front to back, while it is in cache.
+    one, so each block is read once, front to back, while it is in cache, and
+    the next block is prefetched meanwhile (blocks lie anywhere in the arena,
+    where the hardware prefetcher cannot guess them).
     """
-    block_size = key_cache.shape[1]
-    num_heads, head_dim = queries.shape
-    group = num_heads // key_cache.shape[2]  # GQA: query head h reads KV head h // group
-    scores = np.empty((num_heads, block_size), np.float64)  # [H, S]: one block's scores at a time
+    block_size, num_kv_heads, head_dim = key_cache.shape[1:]
+    num_heads = queries.shape[0]
+    group = num_heads // num_kv_heads  # GQA: query heads g * group .. (g + 1) * group - 1 read KV head g
+    block_elements = block_size * num_kv_heads * head_dim
+    scores = np.empty((num_heads, block_size), np.float64)  # [H, S]: one block's scores, then weights
+    value = np.empty(head_dim, np.float64)  # one value row, converted once for all its query heads
     maxes[:] = -np.inf
     denominators[:] = 0.0
     acc[:] = 0.0
 
-    for logical_block in range(key_start // block_size, (key_end - 1) // block_size + 1):
+    last_block = (key_end - 1) // block_size
+    for logical_block in range(key_start // block_size, last_block + 1):
         block = block_table[logical_block]
         block_start = logical_block * block_size
         lo = max(key_start - block_start, 0)
         hi = min(key_end - block_start, block_size)
+        if logical_block < last_block:
+            following = block_table[logical_block + 1] * block_elements
+            for i in range(0, block_elements, 16):  # 16 float32 = one 64-byte cache line
+                prefetch(key_cache, following + i)
+                prefetch(value_cache, following + i)
+
+        for offset in range(lo, hi):
+            for g in range(num_kv_heads):
+                key = key_cache[block, offset, g]
+                for h in range(g * group, (g + 1) * group):
+                    score = _dot(queries[h], key) * scale
+                    if softcap > 0.0:
+                        score = softcap * math.tanh(score / softcap)
+                    scores[h, offset] = score
 
         for h in range(num_heads):
-            block_max = -np.inf
+            new_max = maxes[h]
             for offset in range(lo, hi):
-                score = _dot(queries[h], key_cache[block, offset, h // group]) * scale
-                if softcap > 0.0:
-                    score = softcap * math.tanh(score / softcap)
-                scores[h, offset] = score
-                block_max = max(block_max, score)
-            new_max = max(maxes[h], block_max)
+                new_max = max(new_max, scores[h, offset])
             correction = math.exp(maxes[h] - new_max)  # 0.0 on the first block (exp(-inf))
             denominators[h] *= correction
             for e in range(head_dim):
                 acc[h, e] *= correction
             maxes[h] = new_max
+            for offset in range(lo, hi):
+                weight = math.exp(scores[h, offset] - new_max)
+                scores[h, offset] = weight
+                denominators[h] += weight
 
         for offset in range(lo, hi):
-            for h in range(num_heads):
-                weight = math.exp(scores[h, offset] - maxes[h])
-                denominators[h] += weight
-                value = value_cache[block, offset, h // group]
+            for g in range(num_kv_heads):
+                stored = value_cache[block, offset, g]
                 for e in range(head_dim):
-                    acc[h, e] += weight * value[e]
+                    value[e] = stored[e]
+                for h in range(g * group, (g + 1) * group):
+                    weight = scores[h, offset]
+                    for e in range(head_dim):
+                        acc[h, e] += weight * value[e]
 
 
 @njit(cache=True)
@@ -166,7 +190,7 @@ def paged_decode_attention(
             acc[b, part] = 0.0
             continue
         _attend_keys(
-            q[b].astype(np.float64), key_cache, value_cache, block_tables[b], key_start, key_end, scale, softcap,
+            q[b], key_cache, value_cache, block_tables[b], key_start, key_end, scale, softcap,
             maxes[b, part], denominators[b, part], acc[b, part],
         )
 
@@ -225,7 +249,7 @@ def paged_prefill_attention(
         denominators = np.empty(num_heads, np.float64)
         acc = np.empty((num_heads, head_dim), np.float64)
         _attend_keys(
-            q[b, t].astype(np.float64), key_cache, value_cache, block_tables[b], _first_visible_key(position, window),
+            q[b, t], key_cache, value_cache, block_tables[b], _first_visible_key(position, window),
             position + 1, scale, softcap, maxes, denominators, acc,
         )
         for h in range(num_heads):

@@ -53,9 +53,9 @@ g group, j lane.
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba import njit, prange
+
+from refllm.kernels.prefetch import prefetch
 
 
 # The formats the kernels read, by kernel code (the small int the compiled kernels branch on).
@@ -103,31 +103,13 @@ def _at(row: np.ndarray, index: int) -> int:
     return row[np.uint64(index)]
 
 
-@intrinsic
-def _prefetch(typingctx, array, index):
-    """Hint the CPU to fetch array[index]'s cache line for reading (LLVM's llvm.prefetch:
-    read, keep in all cache levels, data cache). Numba has no prefetch of its own."""
-
-    def codegen(context, builder, signature, args):
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        byte_pointer = ir.IntType(8).as_pointer()
-        int32 = ir.IntType(32)
-        hint = ir.FunctionType(ir.VoidType(), [byte_pointer, int32, int32, int32])
-        prefetch = builder.module.declare_intrinsic("llvm.prefetch", [byte_pointer], hint)
-        address = builder.bitcast(builder.gep(data, [args[1]]), byte_pointer)
-        builder.call(prefetch, [address, int32(0), int32(3), int32(1)])
-        return context.get_dummy_value()
-
-    return types.void(array, index), codegen
-
-
 @njit(cache=True)
 def _prefetch_rows(blocks: np.ndarray, first: int, count: int) -> None:
     """Prefetch every cache line of rows first .. first + count - 1 that exist."""
     for r in range(first, min(first + count, blocks.shape[0])):
         row = blocks[r]
         for offset in range(0, row.shape[0], 64):
-            _prefetch(row, offset)
+            prefetch(row, offset)
 
 
 @njit(cache=True)

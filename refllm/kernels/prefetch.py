@@ -1,0 +1,26 @@
+"""A software prefetch for Numba kernels, which have none of their own."""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+
+@intrinsic
+def prefetch(typingctx, array, index):
+    """Hint the CPU to fetch the cache line of element ``index`` of a contiguous array, counted
+    from its start whatever its dimensions, for reading (LLVM's llvm.prefetch: read, keep in all
+    cache levels, data cache). A hint: an address past the array's end is not an error."""
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        byte_pointer = ir.IntType(8).as_pointer()
+        int32 = ir.IntType(32)
+        hint = ir.FunctionType(ir.VoidType(), [byte_pointer, int32, int32, int32])
+        llvm_prefetch = builder.module.declare_intrinsic("llvm.prefetch", [byte_pointer], hint)
+        address = builder.bitcast(builder.gep(data, [args[1]]), byte_pointer)
+        builder.call(llvm_prefetch, [address, int32(0), int32(3), int32(1)])
+        return context.get_dummy_value()
+
+    return types.void(array, index), codegen
