@@ -21,9 +21,10 @@ import numpy as np
 from refllm.config import ModelConfig
 from refllm.errors import ContextLengthError, InvalidInputError, PositionError, TokenOutOfRangeError
 from refllm.kernels import blas_on_calling_thread
+from refllm.kernels.dense_matmul import for_kernels
 from refllm.kv import CacheConfig, CacheShape, KVCache, create_cache
 from refllm.models.contract import ModelMetadata, ModelSource
-from refllm.models.weights import LayerWeights, ModelWeights, assemble
+from refllm.models.weights import LayerWeights, ModelWeights, assemble, with_kernels
 from refllm.nn.embedding import embed
 from refllm.nn.linear import linear
 from refllm.nn.mlp import gated_mlp
@@ -132,7 +133,7 @@ class LlamaFamilyModel:
         positions = starts[:, None] + np.arange(num_new)  # [B, T]
         cache.reserve(seq_ids, num_new)
         for layer, weights in enumerate(self.weights.layers):
-            x = self.decoder_layer(layer, weights, x, positions, cache, seq_ids)
+            x = self.decoder_layer(layer, with_kernels(weights), x, positions, cache, seq_ids)
         cache.commit(seq_ids, num_new)
         return self._norm(x, self.weights.norm)
 
@@ -177,7 +178,7 @@ class LlamaFamilyModel:
     @blas_on_calling_thread
     def logits(self, hidden: np.ndarray) -> np.ndarray:
         """hidden: [..., D] (after the final norm) -> [..., V]."""
-        logits = linear(hidden, self.weights.lm_head)
+        logits = linear(hidden, for_kernels(self.weights.lm_head))
         cap = self.config.final_logit_softcapping
         if cap is not None:
             logits = np.float32(cap) * np.tanh(logits / np.float32(cap))

@@ -8,12 +8,13 @@ projections so the forward pass sees one layout for every architecture.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from refllm.config import ModelConfig
 from refllm.errors import MissingTensorError, WeightError
+from refllm.kernels.dense_matmul import for_kernels
 
 
 @dataclass
@@ -52,6 +53,15 @@ class ModelWeights:
     def nbytes(self) -> int:
         arrays = {id(a): a for a in _all_arrays(self)}
         return sum(a.nbytes for a in arrays.values())
+
+
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def with_kernels(layer: LayerWeights) -> LayerWeights:
+    """The layer with its float32 projections as ``DenseMatrix``es, whose products run in the
+    Numba kernel (``refllm/kernels/dense_matmul.py``). A shallow copy: the arrays are shared."""
+    return replace(layer, **{name: for_kernels(getattr(layer, name)) for name in PROJECTIONS})
 
 
 def _all_arrays(weights: ModelWeights) -> list[np.ndarray]:

@@ -4,11 +4,12 @@ The spec's projection is ``linear(x, W, b) = x @ W.T + b`` (``refllm/nn/linear.p
 and its embedding lookup is ``table[ids]`` (``refllm/nn/embedding.py``). A
 QuantizedTensor answers both without ever being dequantized whole:
 
-- ``W.T`` is a ``_Transposed`` view whose ``__rmatmul__`` runs the Numba
-  kernels of ``refllm/kernels/quant_matmul.py``. NumPy hands ``x @ W.T`` to it
-  because the view sets ``__array_ufunc__ = None`` (NumPy's opt-out: its
-  operators then return NotImplemented and Python asks the right operand).
-  This is the one place where the quantized path branches off the spec.
+- ``W.T`` is a ``Transposed`` view (``refllm/kernels/dense_matmul.py``) whose
+  ``__rmatmul__`` runs the Numba kernels of ``refllm/kernels/quant_matmul.py``.
+  NumPy hands ``x @ W.T`` to it because the view sets ``__array_ufunc__ = None``
+  (NumPy's opt-out: its operators then return NotImplemented and Python asks
+  the right operand). This is the one place where the quantized path branches
+  off the spec.
 - ``W[ids]`` (an integer array) dequantizes just those rows with the spec
   dequantizer: an embedding lookup reads a few rows of a [V, D] table.
 - ``W[a:b]`` (a row slice) is a QuantizedTensor over the same blocks, as an
@@ -28,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from refllm.kernels.dense_matmul import Transposed
 from refllm.kernels.quant_matmul import (
     FORMAT_CODES,
     KERNEL_FORMATS,
@@ -102,8 +104,8 @@ class QuantizedTensor:
         return self.blocks.nbytes
 
     @property
-    def T(self) -> _Transposed:
-        return _Transposed(self)
+    def T(self) -> Transposed:
+        return Transposed(self)
 
     def dequantize(self) -> np.ndarray:
         """-> W [R, C] float32, by the spec (``refllm.quant.formats``)."""
@@ -145,19 +147,6 @@ class QuantizedTensor:
 
     def __repr__(self) -> str:
         return f"QuantizedTensor({self.format}, shape={self.shape}, nbytes={self.nbytes})"
-
-
-class _Transposed:
-    """W.T for ``x @ W.T``: NumPy defers the product to ``__rmatmul__`` (see the module docstring)."""
-
-    __array_ufunc__ = None
-
-    def __init__(self, tensor: QuantizedTensor):
-        self.tensor = tensor
-        self.shape = tensor.shape[::-1]
-
-    def __rmatmul__(self, x: np.ndarray) -> np.ndarray:
-        return self.tensor.matmul(x)
 
 
 def requantize_format(name: str) -> str:
