@@ -44,6 +44,7 @@ from refllm.models.contract import ModelSource
 from refllm.models.llama import LlamaFamilyModel
 from refllm.models.weights import checkpoint_shapes
 from refllm.quant.linear import QuantizedTensor, kernel_reads
+from refllm.runtime.embedding import POOLINGS, pooled_hidden_states
 from refllm.runtime.engine import Engine
 from refllm.runtime.executor import LLMExecutor
 from refllm.runtime.generate import generate_stream
@@ -245,9 +246,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
         ids = model.tokenizer.encode(text)
         if not ids:
             raise InvalidInputError(f"text {index + 1} ({text!r}) has no tokens to embed")
-        cache = model.create_kv_cache(CacheConfig(kind="contiguous"))
-        hidden = model.prefill_hidden(np.array([ids]), cache, range(len(ids)))[0]  # [T, D]
-        vector = hidden.mean(axis=0) if args.pooling == "mean" else hidden[-1]
+        vector = pooled_hidden_states(model, ids, args.pooling)
         # str() of a float32 is the shortest decimal that reads back as the same float32.
         data.append({"text": text, "tokens": len(ids), "embedding": [float(str(v)) for v in vector]})
     out = {"model": args.model, "pooling": args.pooling, "dimensions": model.config.hidden_size, "data": data}
@@ -609,7 +608,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     embed.add_argument("texts", nargs="+", metavar="TEXT", help="texts to embed, one vector each")
     embed.add_argument("--model", default=catalog.DEFAULT_MODEL, help=MODEL_HELP)
-    embed.add_argument("--pooling", choices=("mean", "last"), default="mean", help="how to pool (default mean)")
+    embed.add_argument("--pooling", choices=POOLINGS, default="mean", help="how to pool (default mean)")
 
     info = command(
         "info",

@@ -9,30 +9,13 @@ from hypothesis import strategies as st
 from refllm import CacheConfig
 from refllm.config import ModelConfig
 from refllm.models.random import random_model
+from refllm.testing.configs import tiny_config_json
 
 TIGHT = dict(rtol=1e-5, atol=2e-5)  # same arithmetic, different summation order
 
 
 def tiny_config(model_type: str, sliding_window: int | None = None) -> ModelConfig:
-    base = dict(
-        model_type=model_type,
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    extra = {
-        "llama": dict(attention_bias=True),
-        "mistral": dict(sliding_window=sliding_window or 5),
-        "qwen2": dict(use_sliding_window=True, sliding_window=sliding_window or 5, max_window_layers=1),
-        "qwen3": dict(head_dim=12),
-        "phi3": dict(partial_rotary_factor=0.5),
-        "gemma3_text": dict(head_dim=8, sliding_window=sliding_window or 5, sliding_window_pattern=2),
-    }[model_type]
-    return ModelConfig.from_hf(base | extra)
+    return ModelConfig.from_hf(tiny_config_json(model_type, sliding_window or 5))
 
 
 ARCHITECTURES = ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text"]

@@ -11,6 +11,8 @@ __all__ = [
     "CacheShape",
     "ContiguousKVCache",
     "KVCache",
+    "OutOfBlocksError",
+    "PagedKVArena",
     "UnknownSequenceError",
     "create_cache",
 ]

@@ -27,8 +27,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from refllm.errors import InvalidInputError
-from refllm.kv import CacheConfig
 from refllm.models.llama import LlamaFamilyModel
+from refllm.runtime.embedding import pooled_hidden_states
 from refllm.runtime.engine import CompletionDelta, Engine
 from refllm.runtime.executor import LLMExecutor
 from refllm.runtime.llm import LLM, check_prompt
@@ -271,9 +271,7 @@ class OpenAIServer:
         vectors = []
         with self._embedding_lock:
             for ids in inputs:
-                cache = self.model.create_kv_cache(CacheConfig(kind="contiguous"))
-                hidden = self.model.prefill_hidden(np.array([ids]), cache, range(len(ids)))[0]  # [T, D]
-                pooled = hidden.mean(axis=0)  # [D]
+                pooled = pooled_hidden_states(self.model, ids)  # [D]
                 vectors.append((pooled / max(np.linalg.norm(pooled), 1e-12)).astype(np.float32))
         return vectors
 
