@@ -1,11 +1,12 @@
 """The float32 projection kernel against its NumPy twin, ``x @ W.T`` (refllm.nn.linear.linear).
 
 Each example draws a weight matrix and tokens whose counts cross the kernel's
-tile (4 rows) and chunk (64 tokens) boundaries, and checks the result against
-the product in float64 within the float32 summation-order bound
+tiles (4 rows; 1 or, from 64 tokens on, 4 tokens) and chunk (64 tokens)
+boundaries, and checks the result against the product in float64 within the
+float32 summation-order bound
 ``2 (C + 2) u sum_i |x_i w_i|`` per output (u = 2^-24), the same bound the
-quantized kernels meet. A token's result must not depend on the other tokens
-it is multiplied with, bit for bit.
+quantized kernels meet. Below 64 tokens (decode batches) a token's result must
+not depend on the other tokens it is multiplied with, bit for bit.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import re
 
 import numba
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -53,8 +55,9 @@ def test_kernel_equals_the_product_within_float32_summation_rounding(product):
 
 @SETTINGS
 @given(products(), st.data())
-def test_a_tokens_result_does_not_depend_on_the_batch(product, data):
+def test_below_a_chunk_a_tokens_result_does_not_depend_on_the_batch(product, data):
     x, weights = product
+    x = x[: TOKEN_CHUNK - 1]  # decode batches; prompt chunks of TOKEN_CHUNK or more use 4-token tiles
     together = dense_matmul(x, weights)
     t = data.draw(st.integers(0, len(x) - 1))
     np.testing.assert_array_equal(dense_matmul(x[t : t + 1], weights)[0], together[t])
@@ -77,10 +80,11 @@ def test_only_float32_matrices_go_to_the_kernel():
         assert for_kernels(other) is other
 
 
-def test_the_tile_loop_is_vectorised():
-    """The optimised LLVM IR of the 4-row tile does float multiply-adds on vectors: its loop over the
+@pytest.mark.parametrize("tile", ["_tile_4x1", "_tile_4x4"])
+def test_the_tile_loops_are_vectorised(tile):
+    """The optimised LLVM IR of each tile does float multiply-adds on vectors: its loop over the
     columns was vectorised, not left scalar."""
-    tile = numba.njit(fastmath=module._SUM)(module._tile_4x1.py_func)  # uncached: cached code hides its IR
-    tile(np.zeros((4, 64), np.float32), np.zeros((1, 64), np.float32), 0, 0, np.zeros((1, 4), np.float32))
-    ir = tile.inspect_llvm(tile.signatures[0])
+    kernel = numba.njit(fastmath=module._SUM)(getattr(module, tile).py_func)  # uncached: cached code hides its IR
+    kernel(np.zeros((4, 64), np.float32), np.zeros((4, 64), np.float32), 0, 0, np.zeros((4, 4), np.float32))
+    ir = kernel.inspect_llvm(kernel.signatures[0])
     assert re.search(r"= (fmul|fadd|call [^(]*@llvm\.fmuladd)[^\n]*<(8|16) x float>", ir)

@@ -6,17 +6,24 @@ Decoding streams every weight matrix from memory once per step, whatever the
 batch. With BLAS on one thread (refllm/kernels/threads.py), OpenBLAS's sgemm
 took about three times as long for 8 tokens as its sgemv for one, although
 both read the weights once. Here the threads split the weight rows into tiles
-of 4 and each tile multiplies into one token at a time: 4 running sums, one
-load of the token's 16 lanes for every 4 multiply-adds, while the tile's rows
-stay in cache for the next token. Rows left over after the last whole tile go
-one at a time. Tokens go in chunks of ``TOKEN_CHUNK``, so that a long prompt's
-chunk stays in cache across the tiles. (Tiles of 4 rows x 4 tokens did a
-64-token chunk 1.4x faster, but gave a token a different summation order by
-its place in the batch; here a result depends only on its row and its token.)
+of 4, and a tile multiplies into the tokens while its rows stay in cache:
 
-On this project's AVX-512 machine ``inspect_asm`` shows the tile's column loop
-as 16-lane vfmadd231ps on zmm registers, four accumulators per row
-(tests/test_dense_matmul.py checks the LLVM IR for vector arithmetic).
+- one token at a time (4 running sums, one load of the token's 16 lanes for
+  every 4 multiply-adds) in a product of fewer than ``TOKEN_CHUNK`` tokens:
+  decoding, batched decoding, speculative verification. A token's result then
+  depends only on its row and its token, never on the batch around it;
+- four tokens at a time (16 running sums, 8 loads for 16 multiply-adds) in a
+  product of ``TOKEN_CHUNK`` tokens or more (prompts), 1.4x faster there; the
+  tokens left over after the last group of 4 go one at a time, so a token's
+  rounding can differ by its place in the prompt chunk.
+
+Rows left over after the last whole tile go one at a time. Tokens go in chunks
+of ``TOKEN_CHUNK``, so that a long prompt's chunk stays in cache across the
+tiles.
+
+On this project's AVX-512 machine ``inspect_asm`` shows both tiles' column
+loops as 16-lane vfmadd231ps on zmm registers (tests/test_dense_matmul.py
+checks the LLVM IR for vector arithmetic).
 
 ``DenseMatrix`` hands a float32 matrix to ``refllm.nn.linear.linear`` so that
 its ``x @ weight.T`` runs here, the way a ``QuantizedTensor`` runs its own.
@@ -36,6 +43,36 @@ TOKEN_CHUNK = 64  # 64 tokens of a 2048-wide layer: 512 KB, within one core's L2
 # Fast-math flags of the sums only: reassoc lets LLVM keep vector partial sums, contract lets it
 # fuse multiply and add. Infinities and NaNs still propagate as IEEE says.
 _SUM = {"reassoc", "contract"}
+
+
+@njit(cache=True, fastmath=_SUM, inline="always")
+def _tile_4x4(weights: np.ndarray, x: np.ndarray, r: int, t: int, out: np.ndarray) -> None:
+    """out[t:t+4, r:r+4] = x[t:t+4] @ weights[r:r+4].T."""
+    s00 = s01 = s02 = s03 = s10 = s11 = s12 = s13 = np.float32(0.0)
+    s20 = s21 = s22 = s23 = s30 = s31 = s32 = s33 = np.float32(0.0)
+    for i in range(x.shape[1]):
+        w0, w1, w2, w3 = weights[r, i], weights[r + 1, i], weights[r + 2, i], weights[r + 3, i]
+        x0, x1, x2, x3 = x[t, i], x[t + 1, i], x[t + 2, i], x[t + 3, i]
+        s00 += w0 * x0
+        s01 += w0 * x1
+        s02 += w0 * x2
+        s03 += w0 * x3
+        s10 += w1 * x0
+        s11 += w1 * x1
+        s12 += w1 * x2
+        s13 += w1 * x3
+        s20 += w2 * x0
+        s21 += w2 * x1
+        s22 += w2 * x2
+        s23 += w2 * x3
+        s30 += w3 * x0
+        s31 += w3 * x1
+        s32 += w3 * x2
+        s33 += w3 * x3
+    out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = s00, s01, s02, s03
+    out[t, r + 1], out[t + 1, r + 1], out[t + 2, r + 1], out[t + 3, r + 1] = s10, s11, s12, s13
+    out[t, r + 2], out[t + 1, r + 2], out[t + 2, r + 2], out[t + 3, r + 2] = s20, s21, s22, s23
+    out[t, r + 3], out[t + 1, r + 3], out[t + 2, r + 3], out[t + 3, r + 3] = s30, s31, s32, s33
 
 
 @njit(cache=True, fastmath=_SUM, inline="always")
@@ -72,8 +109,14 @@ def dense_matmul(x: np.ndarray, weights: np.ndarray) -> np.ndarray:
         for tile in prange((num_rows + 3) // 4):
             r = 4 * tile
             if r + 4 <= num_rows:
-                for t in range(first, last):
+                t = first
+                if num_tokens >= TOKEN_CHUNK:
+                    while t + 4 <= last:
+                        _tile_4x4(weights, x, r, t, out)
+                        t += 4
+                while t < last:
                     _tile_4x1(weights, x, r, t, out)
+                    t += 1
             else:
                 for row in range(r, num_rows):
                     for t in range(first, last):
