@@ -35,6 +35,7 @@ import numba
 import numpy as np
 
 from refllm.kernels.attention import paged_decode_attention
+from refllm.kernels.threads import thread_settings
 from refllm.kv import CacheConfig, CacheShape, PagedKVArena
 from refllm.nn.attention import attention
 from machine import cpu_model  # benchmarks/machine.py
@@ -135,9 +136,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     setup(16, 1, rng)  # compiles the kernels, so the threading layer below is the one in use
     print(f"machine: {platform.platform()}; CPU: {cpu_model()}")
-    threads = f"{numba.get_num_threads()} threads ({numba.threading_layer()})"
-    blas_threads = os.environ.get("OPENBLAS_NUM_THREADS", "default")
-    print(f"numba {numba.__version__}, {threads}, numpy {np.__version__} (OPENBLAS_NUM_THREADS={blas_threads})")
+    print(f"numba {numba.__version__} ({numba.threading_layer()} layer), numpy {np.__version__}; {thread_settings()}")
     print(f"glibc keeps freed memory: {'yes' if kept else 'no'}")
     print("load average (1, 5, 15 min) at start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
     print(f"decode, 1 query token: H={NUM_HEADS} K={NUM_KV_HEADS} E={HEAD_DIM} block size {BLOCK_SIZE};"

@@ -23,10 +23,10 @@ import os
 import statistics
 import time
 
-import numba
 import numpy as np
 
 from refllm.kernels.quant_matmul import FORMAT_CODES, KERNEL_FORMATS, quant_matmul, quant_matvec
+from refllm.kernels.threads import thread_settings
 from refllm.quant.formats import block_format
 from machine import cpu_model  # benchmarks/machine.py
 
@@ -110,8 +110,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--crossover", action="store_true")
     args = parser.parse_args()
-    settings = ", ".join(f"{name}={os.environ.get(name, '-')}" for name in ("OMP_WAIT_POLICY", "OPENBLAS_NUM_THREADS"))
-    print(f"cpu: {cpu_model()}; cores: {os.cpu_count()}; numba threads: {numba.get_num_threads()}; {settings}")
+    print(f"cpu: {cpu_model()}; cores: {os.cpu_count()}; {thread_settings()}")
     crossover(args) if args.crossover else bandwidth(args)
 
 

@@ -24,11 +24,11 @@ import os
 import statistics
 import time
 
-import numba
 import numpy as np
 
 from refllm import CacheConfig
 from refllm.config import ModelConfig
+from refllm.kernels.threads import thread_settings
 from refllm.models.random import random_model
 from refllm.runtime.executor import LLMExecutor
 from refllm.runtime.llm import LLM
@@ -77,13 +77,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4, help="drafted tokens per speculative round")
     args = parser.parse_args()
 
-    print(f"cpu: {cpu_model()}; cores: {os.cpu_count()}; numba threads: {numba.get_num_threads()}")
-    print(
-        "thread settings: "
-        + ", ".join(
-            f"{v}={os.environ.get(v, '-')}" for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE")
-        )
-    )
+    print(f"cpu: {cpu_model()}; cores: {os.cpu_count()}; {thread_settings()}")
     model = random_model(ModelConfig.from_hf(SMOLLM2_135M), seed=0, std=0.02)
     llm = LLM(model, CacheConfig(block_size=16, num_blocks=512))
     rng = np.random.default_rng(0)

@@ -38,6 +38,7 @@ from refllm import catalog, progress
 from refllm.errors import InvalidInputError
 from refllm.io.gguf import GGUFSource
 from refllm.io.tokenizer import Tokenizer
+from refllm.kernels.threads import thread_settings
 from refllm.kv import CacheConfig, CacheShape
 from refllm.loading import open_source
 from refllm.models.contract import ModelSource
@@ -336,11 +337,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             decode_rates[batch] = batch * new_tokens / seconds
     c = model.config
     print(f"machine   {_cpu_name()}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}")
-    threads = ", ".join(f"{name}={os.environ.get(name, '-')}" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"))
-    print(
-        f"software  Python {platform.python_version()}, NumPy {np.__version__}, Numba {numba.__version__}"
-        f" ({numba.get_num_threads()} threads); {threads}"
-    )
+    print(f"software  Python {platform.python_version()}, NumPy {np.__version__}, Numba {numba.__version__}")
+    print(f"threads   {thread_settings()}")
     quantized = any(isinstance(w, QuantizedTensor) for w in vars(model.weights.layers[0]).values())
     weights = "quantized matrices" if quantized else "float32 weights"
     print(f"model     {args.model}: {c.model_type}, {c.num_parameters:,} parameters, {weights}")

@@ -34,6 +34,9 @@ if "OMP_WAIT_POLICY" not in os.environ:
 
 Function = TypeVar("Function", bound=Callable)
 
+# The environment variables that decide how refllm uses the cores, as benchmarks report them.
+THREAD_VARIABLES = ("NUMBA_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OPENBLAS_NUM_THREADS")
+
 # threadpoolctl's view of the loaded BLAS libraries, found on first use
 _controller = None
 
@@ -52,3 +55,11 @@ def blas_on_calling_thread(function: Function) -> Function:
             return function(*args, **kwargs)
 
     return limited
+
+
+def thread_settings() -> str:
+    """One line for a benchmark's header: Numba's thread count and THREAD_VARIABLES ('-' where unset)."""
+    import numba
+
+    variables = ", ".join(f"{name}={os.environ.get(name, '-')}" for name in THREAD_VARIABLES)
+    return f"{numba.get_num_threads()} Numba threads; {variables}; BLAS on one thread while a model computes"
