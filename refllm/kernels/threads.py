@@ -10,7 +10,7 @@ fast that goes on a small machine:
   decode attention call then took 0.5-1 ms instead of 0.08 ms. Workers that spin
   forever (``active``) hold their core when the forward pass is not running.
   refllm's default is in between: spin for ``GOMP_SPINCOUNT`` = 10000 rounds
-  (about 0.1 ms), then sleep.
+  (0.1 to 0.3 ms on the project's VM), then sleep.
 - Who else wants the cores. OpenBLAS keeps a pool of its own, whose workers
   also spin after each product; two spinning pools on two cores take turns at
   the scheduler's pace (milliseconds), which made float32 decoding 1 to 20x
