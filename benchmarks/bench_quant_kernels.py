@@ -26,9 +26,8 @@ import time
 import numpy as np
 
 from refllm.kernels.quant_matmul import FORMAT_CODES, KERNEL_FORMATS, quant_matmul, quant_matvec
-from refllm.kernels.threads import thread_settings
+from refllm.kernels.threads import cpu_name, thread_settings
 from refllm.quant.formats import block_format
-from machine import cpu_model  # benchmarks/machine.py
 
 F16_FIELDS = {
     "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
@@ -110,7 +109,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--crossover", action="store_true")
     args = parser.parse_args()
-    print(f"cpu: {cpu_model()}; cores: {os.cpu_count()}; {thread_settings()}")
+    print(f"cpu: {cpu_name()}; cores: {os.cpu_count()}; {thread_settings()}")
     crossover(args) if args.crossover else bandwidth(args)
 
 

@@ -40,7 +40,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from machine import cpu_model  # benchmarks/machine.py
 
 ENGINES = ("refllm-float32", "refllm-quantized", "transformers-float32", "llama.cpp")
 # What each engine imports: imported before the footprint "after imports" is taken.
@@ -214,11 +213,12 @@ def main() -> None:
         return
 
     from refllm import catalog
+    from refllm.kernels.threads import cpu_name
 
     path = Path(catalog.pull(args.model) if args.model in catalog.CATALOG else args.model)
 
     print(f"model: {path.name} ({path.stat().st_size / 1e6:.1f} MB)")
-    print(f"cpu: {cpu_model()}; cores: {os.cpu_count()}; threads per engine: {args.threads}")
+    print(f"cpu: {cpu_name()}; cores: {os.cpu_count()}; threads per engine: {args.threads}")
     print("versions: " + ", ".join(f"{k} {v}" for k, v in versions().items()))
     engines = []
     for engine in args.engines:

@@ -28,13 +28,13 @@ import numpy as np
 
 from refllm import CacheConfig
 from refllm.config import ModelConfig
-from refllm.kernels.threads import thread_settings
+from refllm.kernels.threads import cpu_name, thread_settings
 from refllm.models.random import random_model
 from refllm.runtime.executor import LLMExecutor
 from refllm.runtime.llm import LLM
 from refllm.runtime.sampling import SamplingParams
 from refllm.runtime.speculative import PromptLookupDrafter, speculative_generate
-from machine import SMOLLM2_135M, cpu_model  # benchmarks/machine.py
+from machine import SMOLLM2_135M  # benchmarks/machine.py
 
 BATCH_SIZES = (1, 4, 8, 16)
 PROMPT_LENGTH = 32
@@ -77,7 +77,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4, help="drafted tokens per speculative round")
     args = parser.parse_args()
 
-    print(f"cpu: {cpu_model()}; cores: {os.cpu_count()}; {thread_settings()}")
+    print(f"cpu: {cpu_name()}; cores: {os.cpu_count()}; {thread_settings()}")
     model = random_model(ModelConfig.from_hf(SMOLLM2_135M), seed=0, std=0.02)
     llm = LLM(model, CacheConfig(block_size=16, num_blocks=512))
     rng = np.random.default_rng(0)

@@ -1,8 +1,6 @@
-"""What every benchmark shares: the machine's description and the model shape it measures."""
+"""What the benchmarks share: the model shape they measure (the machine comes from refllm.kernels.threads)."""
 
 from __future__ import annotations
-
-import platform
 
 # The SmolLM2-135M shape (config.json keys), for benchmarks on random weights of a real size.
 SMOLLM2_135M = dict(
@@ -18,12 +16,3 @@ SMOLLM2_135M = dict(
     rope_theta=100000.0,
     tie_word_embeddings=True,
 )
-
-
-def cpu_model() -> str:
-    """The CPU as /proc/cpuinfo names it, or what the platform module knows."""
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            return next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown"

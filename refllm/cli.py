@@ -38,7 +38,7 @@ from refllm import catalog, progress
 from refllm.errors import InvalidInputError
 from refllm.io.gguf import GGUFSource
 from refllm.io.tokenizer import Tokenizer
-from refllm.kernels.threads import thread_settings
+from refllm.kernels.threads import cpu_name, thread_settings
 from refllm.kv import CacheConfig, CacheShape
 from refllm.loading import open_source
 from refllm.models.contract import ModelSource
@@ -336,7 +336,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             seconds = _greedy(llm, prompts[:batch], new_tokens, bar.update)
             decode_rates[batch] = batch * new_tokens / seconds
     c = model.config
-    print(f"machine   {_cpu_name()}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}")
+    print(f"machine   {cpu_name()}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}")
     print(f"software  Python {platform.python_version()}, NumPy {np.__version__}, Numba {numba.__version__}")
     print(f"threads   {thread_settings()}")
     quantized = any(isinstance(w, QuantizedTensor) for w in vars(model.weights.layers[0]).values())
@@ -362,14 +362,6 @@ def _greedy(llm: LLM, prompts: np.ndarray, new_tokens: int, advance=lambda: None
     seconds = time.perf_counter() - start
     llm.reset()
     return seconds
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            return next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
 
 
 # ---- pull --------------------------------------------------------------------------------------------

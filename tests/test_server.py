@@ -36,6 +36,7 @@ from refllm.runtime.sampling import SamplingParams
 from refllm.server import BackgroundServer, add_cli, create_app
 from refllm.server.run import model_id
 from tests.real_models import SMOLLM2, real_model_or_skip
+from tests.test_engine import failing_script
 from tests.test_tokenizer import CHATML, byte_level_backend
 
 MODEL = "tiny"
@@ -398,18 +399,8 @@ def test_the_openai_client_sees_refusals_as_its_own_errors(client):
         client.chat.completions.create(model="gpt-4", messages=HELLO, stream=True)
 
 
-class ScriptFailure(ValueError):
-    pass
-
-
-def fail_after_three_tokens(prompt, fed):
-    if len(fed) == 3:
-        raise ScriptFailure("the executor broke")
-    return np.zeros(16, np.float32)
-
-
 def test_an_engine_failure_is_a_server_error_and_frees_the_blocks():
-    executor = ConfigurableModelExecutor(16, fail_after_three_tokens, block_size=4, num_blocks=32)
+    executor = ConfigurableModelExecutor(16, failing_script, block_size=4, num_blocks=32)
     engine = Engine(executor)
     with BackgroundServer(create_app(engine, model_name="scripted")) as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import os
+import platform
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -63,3 +64,12 @@ def thread_settings() -> str:
 
     variables = ", ".join(f"{name}={os.environ.get(name, '-')}" for name in THREAD_VARIABLES)
     return f"{numba.get_num_threads()} Numba threads; {variables}; BLAS on one thread while a model computes"
+
+
+def cpu_name() -> str:
+    """The CPU as /proc/cpuinfo names it, or what the platform module knows: for benchmark headers."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            return next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()

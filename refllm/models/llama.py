@@ -24,7 +24,7 @@ from refllm.kernels import blas_on_calling_thread
 from refllm.kernels.dense_matmul import for_kernels
 from refllm.kv import CacheConfig, CacheShape, KVCache, create_cache
 from refllm.models.contract import ModelMetadata, ModelSource
-from refllm.models.weights import LayerWeights, ModelWeights, assemble, with_kernels
+from refllm.models.weights import KernelLayers, LayerWeights, ModelWeights, assemble
 from refllm.nn.embedding import embed
 from refllm.nn.linear import linear
 from refllm.nn.mlp import gated_mlp
@@ -42,6 +42,7 @@ class LlamaFamilyModel:
         self.config = config
         self.weights = weights
         self.tokenizer = tokenizer
+        self.kernel_layers = KernelLayers()  # each layer with its float32 projections run by a Numba kernel
         self.rope_tables = {
             layer_type: RopeTable(params, config.head_dim, config.max_position_embeddings)
             for layer_type, params in config.rope.items()
@@ -133,7 +134,7 @@ class LlamaFamilyModel:
         positions = starts[:, None] + np.arange(num_new)  # [B, T]
         cache.reserve(seq_ids, num_new)
         for layer, weights in enumerate(self.weights.layers):
-            x = self.decoder_layer(layer, with_kernels(weights), x, positions, cache, seq_ids)
+            x = self.decoder_layer(layer, self.kernel_layers(layer, weights), x, positions, cache, seq_ids)
         cache.commit(seq_ids, num_new)
         return self._norm(x, self.weights.norm)
 

@@ -15,6 +15,7 @@ import numpy as np
 from refllm.config import ModelConfig
 from refllm.errors import MissingTensorError, WeightError
 from refllm.kernels.dense_matmul import for_kernels
+from refllm.quant.linear import weight_bytes_by_format
 
 
 @dataclass
@@ -51,8 +52,8 @@ class ModelWeights:
     layers: list[LayerWeights]
 
     def nbytes(self) -> int:
-        arrays = {id(a): a for a in _all_arrays(self)}
-        return sum(a.nbytes for a in arrays.values())
+        """Bytes of every weight, a tied embedding and LM head counted once."""
+        return sum(weight_bytes_by_format(self).values())
 
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -64,11 +65,22 @@ def with_kernels(layer: LayerWeights) -> LayerWeights:
     return replace(layer, **{name: for_kernels(getattr(layer, name)) for name in PROJECTIONS})
 
 
-def _all_arrays(weights: ModelWeights) -> list[np.ndarray]:
-    arrays = [weights.embed_tokens, weights.norm, weights.lm_head]
-    for layer in weights.layers:
-        arrays += [a for a in vars(layer).values() if a is not None]
-    return arrays
+class KernelLayers:
+    """``with_kernels`` of each layer, kept from one forward pass to the next.
+
+    A layer's copy is made again only when one of its fields has been replaced
+    since; writes into the arrays show through, as the arrays are shared.
+    """
+
+    def __init__(self):
+        self._built: dict[int, tuple[list, LayerWeights]] = {}
+
+    def __call__(self, index: int, layer: LayerWeights) -> LayerWeights:
+        fields = list(vars(layer).values())
+        built = self._built.get(index)
+        if built is None or any(was is not now for was, now in zip(built[0], fields, strict=True)):
+            built = self._built[index] = (fields, with_kernels(layer))
+        return built[1]
 
 
 def checkpoint_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
