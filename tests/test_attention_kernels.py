@@ -17,7 +17,13 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from refllm.kernels.attention import DECODE_PARTITION_KEYS, paged_decode_attention, paged_prefill_attention, write_kv
+from refllm.kernels.attention import (
+    DECODE_PARTITION_KEYS,
+    exp_nonpositive,
+    paged_decode_attention,
+    paged_prefill_attention,
+    write_kv,
+)
 from refllm.kv import CacheConfig, CacheShape, PagedKVArena
 from refllm.nn.attention import attention
 
@@ -194,3 +200,21 @@ def test_arena_chunked_prefill_then_decode_matches_spec(shape: dict, chunks: lis
             expected = spec(q[row], keys[seq_id], values[seq_id], positions, scale, shape["window"], shape["softcap"])
             np.testing.assert_allclose(out[row], expected, rtol=RTOL, atol=ATOL)
         arena.commit(seq_ids, num_new)
+
+
+@settings(max_examples=200, deadline=None)
+@given(x=st.floats(-200.0, 0.0, width=32))
+def test_vector_exponential_is_within_float32_rounding(x: float) -> None:
+    value = float(exp_nonpositive(np.float32(x)))
+    exact = np.exp(np.float64(np.float32(x)))
+    if exact >= 2.0**-126:
+        assert abs(value - exact) <= 2e-7 * exact
+    else:  # clamped: far below any weight that survives next to the running maximum's exp(0) = 1
+        assert 0.0 < value <= 2.0**-125
+
+
+def test_vector_exponential_on_a_dense_grid() -> None:
+    x = np.linspace(-87.0, 0.0, 100_001, dtype=np.float32)
+    values = np.array([exp_nonpositive(v) for v in x[::97]], np.float64)
+    exact = np.exp(x[::97].astype(np.float64))
+    assert np.all(np.abs(values - exact) <= 2e-7 * exact)

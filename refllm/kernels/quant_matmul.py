@@ -55,7 +55,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from refllm.kernels.prefetch import prefetch
+from refllm.kernels.intrinsics import prefetch
 
 
 # The formats the kernels read, by kernel code (the small int the compiled kernels branch on).

@@ -1,4 +1,5 @@
-"""A software prefetch for Numba kernels, which have none of their own."""
+"""Two machine-level operations Numba kernels have no spelling for: a software prefetch, and
+reading an int32's bits as a float32."""
 
 from __future__ import annotations
 
@@ -24,3 +25,15 @@ def prefetch(typingctx, array, index):
         return context.get_dummy_value()
 
     return types.void(array, index), codegen
+
+
+@intrinsic
+def float32_from_bits(typingctx, bits):
+    """The float32 whose IEEE 754 bit pattern is the int32 ``bits`` (a reinterpretation, no
+    conversion): ``(e + 127) << 23`` is 2.0 ** e. Compiles to no instruction, so loops using
+    it still vectorise."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return types.float32(types.int32), codegen
