@@ -207,14 +207,14 @@ def test_arena_chunked_prefill_then_decode_matches_spec(shape: dict, chunks: lis
 def test_vector_exponential_is_within_float32_rounding(x: float) -> None:
     value = float(exp_nonpositive(np.float32(x)))
     exact = np.exp(np.float64(np.float32(x)))
-    if exact >= 2.0**-126:
+    if x >= -87.0:
         assert abs(value - exact) <= 2e-7 * exact
-    else:  # clamped: far below any weight that survives next to the running maximum's exp(0) = 1
-        assert 0.0 < value <= 2.0**-125
+    else:  # clamped to exp(-87): far below any weight beside the running maximum's exp(0) = 1
+        assert value == float(exp_nonpositive(np.float32(-87.0))) < 2.0**-125
 
 
 def test_vector_exponential_on_a_dense_grid() -> None:
-    x = np.linspace(-87.0, 0.0, 100_001, dtype=np.float32)
-    values = np.array([exp_nonpositive(v) for v in x[::97]], np.float64)
-    exact = np.exp(x[::97].astype(np.float64))
+    x = np.linspace(-87.0, 0.0, 1001, dtype=np.float32)
+    values = np.array([exp_nonpositive(v) for v in x], np.float64)
+    exact = np.exp(x.astype(np.float64))
     assert np.all(np.abs(values - exact) <= 2e-7 * exact)

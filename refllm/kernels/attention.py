@@ -54,7 +54,7 @@ _LN2_LOW = np.float32(1.428606765330187e-06)
 
 @njit(cache=True, fastmath={"contract"}, inline="always")
 def exp_nonpositive(x: np.float32) -> np.float32:
-    """exp(x) for float32 x <= 0, within 2e-7 relative (2^-126 where exp(x) < 2^-126).
+    """exp(x) for float32 x <= 0, within 2e-7 relative; below -87 it gives exp(-87), 1.6e-38.
 
     exp(x) = 2^n exp(r) with n = round(x / ln 2) and |r| <= ln 2 / 2; exp(r) is its
     Taylor polynomial of degree 7 (truncation error below 1e-8 there), and 2^n is built
@@ -109,7 +109,7 @@ def _attend_keys(
 ) -> None:
     """Streaming softmax of every query head at one position over the keys key_start .. key_end - 1.
 
-    queries: [H, E] float64, key_cache/value_cache: [N, S, K, E], block_table:
+    queries: [H, E] float32, key_cache/value_cache: [N, S, K, E], block_table:
     [blocks] int32. Writes maxes: [H], denominators: [H], acc: [H, E] (float64):
     acc[h] = sum_j exp(score[h, j] - maxes[h]) * value[j], denominators[h] the
     same sum without the values.
@@ -126,6 +126,10 @@ def _attend_keys(
     group = num_heads // num_kv_heads  # GQA: query heads g * group .. (g + 1) * group - 1 read KV head g
     keys = key_cache.reshape(-1, num_kv_heads, head_dim)  # [N * S, K, E]: a slot number indexes a key
     values = value_cache.reshape(-1, num_kv_heads, head_dim)
+    queries64 = np.empty((num_heads, head_dim), np.float64)  # converted once, to score in float64
+    for h in range(num_heads):
+        for e in range(head_dim):
+            queries64[h, e] = queries[h, e]
     slots = np.empty(CHUNK_KEYS, np.int64)
     weights = np.empty(CHUNK_KEYS, np.float32)  # one head's scores over the chunk, then its softmax weights
     chunk_acc = np.empty(head_dim, np.float32)
@@ -141,7 +145,7 @@ def _attend_keys(
         _prefetch_keys(key_cache, value_cache, block_table, chunk_start + n, min(chunk_start + n + CHUNK_KEYS, key_end))
         for h in range(num_heads):
             g = h // group
-            query = queries[h]
+            query = queries64[h]
             j = 0
             while j + 4 <= n:
                 k0, k1 = keys[slots[j], g], keys[slots[j + 1], g]
@@ -231,9 +235,7 @@ def paged_decode_attention(
     values gathered from the blocks.
 
     Parallel over (sequence, key partition), every head in one pass over the
-    partition's blocks. A serial pass over (sequence, head) then merges the
-    partitions: with M the largest partition maximum,
-    out = sum_p acc_p exp(m_p - M) / sum_p d_p exp(m_p - M).
+    partition's keys; a serial pass then merges the partitions.
     """
     batch, num_heads, head_dim = q.shape
     first_keys = np.empty(batch, np.int64)
@@ -246,7 +248,6 @@ def paged_decode_attention(
     maxes = np.empty((batch, num_partitions, num_heads), np.float64)
     denominators = np.empty((batch, num_partitions, num_heads), np.float64)
     acc = np.empty((batch, num_partitions, num_heads, head_dim), np.float64)
-    queries = q.astype(np.float64)
     for item in prange(batch * num_partitions):
         b = item // num_partitions
         part = item % num_partitions
@@ -258,11 +259,22 @@ def paged_decode_attention(
             acc[b, part] = 0.0
             continue
         _attend_keys(
-            queries[b], key_cache, value_cache, block_tables[b], key_start, key_end, scale, softcap,
+            q[b], key_cache, value_cache, block_tables[b], key_start, key_end, scale, softcap,
             maxes[b, part], denominators[b, part], acc[b, part],
         )
 
-    # The merge is a few multiply-adds per partition: cheaper serially than as a second parallel region.
+    return _merge_partitions(maxes, denominators, acc)
+
+
+# Serial, and a function of its own: in a parallel function Numba turns every whole-array
+# statement (``merged[:] = 0.0``) into a parallel region of its own, which inside this
+# loop cost 0.6 us per head and sequence, twice the attention itself on short sequences.
+@njit(cache=True)
+def _merge_partitions(maxes: np.ndarray, denominators: np.ndarray, acc: np.ndarray) -> np.ndarray:
+    """maxes/denominators: [B, P, H], acc: [B, P, H, E] float64, partition p's streaming sums
+    -> [B, H, E] float32: with M the largest partition maximum,
+    out = sum_p acc_p exp(m_p - M) / sum_p d_p exp(m_p - M)."""
+    batch, num_partitions, num_heads, head_dim = acc.shape
     out = np.empty((batch, num_heads, head_dim), np.float32)
     merged = np.empty(head_dim, np.float64)
     for b in range(batch):
@@ -309,7 +321,6 @@ def paged_prefill_attention(
     """
     batch, num_tokens, num_heads, head_dim = q.shape
     out = np.empty((batch, num_tokens, num_heads, head_dim), np.float32)
-    queries = q.astype(np.float64)
     for item in prange(batch * num_tokens):
         b = item // num_tokens
         t = item % num_tokens
@@ -318,7 +329,7 @@ def paged_prefill_attention(
         denominators = np.empty(num_heads, np.float64)
         acc = np.empty((num_heads, head_dim), np.float64)
         _attend_keys(
-            queries[b, t], key_cache, value_cache, block_tables[b], _first_visible_key(position, window),
+            q[b, t], key_cache, value_cache, block_tables[b], _first_visible_key(position, window),
             position + 1, scale, softcap, maxes, denominators, acc,
         )
         for h in range(num_heads):
