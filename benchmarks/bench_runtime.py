@@ -8,8 +8,9 @@
 
 Every figure is the median of ``--runs`` runs (a speed-up is the median of
 each run's ratio). Prints the machine, the thread settings, and the figures
-as JSON. NUMBA_NUM_THREADS sets the thread count; the matrix products run
-on OpenBLAS on the calling thread while a model computes
+as JSON. NUMBA_NUM_THREADS sets the thread count; the projections run in
+refllm's dense Numba kernel (refllm/kernels/dense_matmul.py), and NumPy's
+BLAS stays on the calling thread while a model computes
 (refllm/kernels/threads.py).
 
     python benchmarks/bench_runtime.py [--runs 5] [--steps 16] [--new-tokens 64]
