@@ -34,13 +34,8 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from refllm.kernels.intrinsics import float32_from_bits, prefetch
+from refllm.kernels.intrinsics import SUM_FASTMATH, float32_from_bits, prefetch
 
-
-# Fast-math flags of the sums only: "reassoc" lets LLVM split a sum into vector lanes and add
-# the lanes up at the end, "contract" lets it fuse each multiply-add. Both only change the
-# order a sum is rounded in; no approximate functions, no NaN/Inf assumptions.
-_SUM = {"reassoc", "contract"}
 
 # Keys are visited in chunks of this many: scores, exponentials and the weighted sum of values
 # of a chunk each run as one loop of CHUNK_KEYS, long enough for LLVM's 16-lane loops (which
@@ -76,6 +71,12 @@ def exp_nonpositive(x: np.float32) -> np.float32:
 
 
 @njit(cache=True, inline="always")
+def _slot(block_table: np.ndarray, position: int, block_size: int) -> int:
+    """The arena slot of a sequence's token at ``position``: its block's number * S + offset."""
+    return block_table[position // block_size] * block_size + position % block_size
+
+
+@njit(cache=True, inline="always")
 def _prefetch_keys(
     key_cache: np.ndarray, value_cache: np.ndarray, block_table: np.ndarray, key_start: int, key_end: int
 ) -> None:
@@ -87,13 +88,13 @@ def _prefetch_keys(
     block_size, num_kv_heads, head_dim = key_cache.shape[1:]
     row = num_kv_heads * head_dim  # floats per slot
     for position in range(key_start, key_end):
-        slot = block_table[position // block_size] * block_size + position % block_size
+        slot = _slot(block_table, position, block_size)
         for i in range(0, row, 16):  # 16 float32 = one 64-byte cache line
             prefetch(key_cache, slot * row + i)
             prefetch(value_cache, slot * row + i)
 
 
-@njit(cache=True, fastmath=_SUM)
+@njit(cache=True, fastmath=SUM_FASTMATH)
 def _attend_keys(
     queries: np.ndarray,
     key_cache: np.ndarray,
@@ -140,8 +141,7 @@ def _attend_keys(
     for chunk_start in range(key_start, key_end, CHUNK_KEYS):
         n = min(CHUNK_KEYS, key_end - chunk_start)
         for j in range(n):
-            position = chunk_start + j
-            slots[j] = block_table[position // block_size] * block_size + position % block_size
+            slots[j] = _slot(block_table, chunk_start + j, block_size)
         _prefetch_keys(key_cache, value_cache, block_table, chunk_start + n, min(chunk_start + n + CHUNK_KEYS, key_end))
         for h in range(num_heads):
             g = h // group

@@ -38,11 +38,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from refllm.kernels.intrinsics import SUM_FASTMATH
+
 TOKEN_CHUNK = 64  # 64 tokens of a 2048-wide layer: 512 KB, within one core's L2
 
-# Fast-math flags of the sums only: reassoc lets LLVM keep vector partial sums, contract lets it
-# fuse multiply and add. Infinities and NaNs still propagate as IEEE says.
-_SUM = {"reassoc", "contract"}
+_SUM = SUM_FASTMATH
 
 
 @njit(cache=True, fastmath=_SUM, inline="always")

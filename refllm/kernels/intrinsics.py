@@ -1,11 +1,18 @@
-"""Two machine-level operations Numba kernels have no spelling for: a software prefetch, and
-reading an int32's bits as a float32."""
+"""What the Numba kernels share below the level of NumPy: the fast-math flags of their sums, and
+two machine-level operations Numba has no spelling for (a software prefetch, and reading an
+int32's bits as a float32)."""
 
 from __future__ import annotations
 
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
+
+# Fast-math flags for the kernels' sums, and only these two: "reassoc" lets LLVM keep vector
+# partial sums (a float sum is otherwise one serial chain, which stays scalar) and add the lanes up
+# at the end; "contract" lets it fuse multiply and add. Both change only the order a sum is
+# rounded in: no approximate functions, and infinities and NaNs still propagate as IEEE says.
+SUM_FASTMATH = {"reassoc", "contract"}
 
 
 @intrinsic

@@ -55,7 +55,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from refllm.kernels.intrinsics import prefetch
+from refllm.kernels.intrinsics import SUM_FASTMATH, prefetch
 
 
 # The formats the kernels read, by kernel code (the small int the compiled kernels branch on).
@@ -73,10 +73,8 @@ PREFETCH_ROWS = 16
 # ``quant_matmul``'s one scratch row per task is no cost; 16 still gives a 192-row projection 12 tasks.
 ROWS_PER_TASK = 16
 
-# Fast-math flags of the dot products, and only of them: reassoc lets LLVM keep several vector
-# partial sums (a float sum is otherwise one serial chain, which stays scalar), contract lets it
-# fuse multiply and add. Infinities and NaNs still propagate as IEEE says.
-_SUM = {"reassoc", "contract"}
+# Fast-math flags of the dot products, and only of them.
+_SUM = SUM_FASTMATH
 
 # The offset c of a format whose weights have none (w = a q): -0.0, because x + -0.0 == x for every
 # x, signed zeros included, so a q + c is then exactly the spec's a q.
