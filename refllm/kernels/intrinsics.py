@@ -1,12 +1,13 @@
 """What the Numba kernels share below the level of NumPy: the fast-math flags of their sums, and
-two machine-level operations Numba has no spelling for (a software prefetch, and reading an
-int32's bits as a float32)."""
+machine-level operations Numba has no spelling for: a software prefetch, reading an int32's bits
+as a float32, and 16-lane float32 vectors whose sums round the same way in every loop."""
 
 from __future__ import annotations
 
 from llvmlite import ir
 from numba import types
-from numba.extending import intrinsic
+from numba.core import cgutils
+from numba.extending import intrinsic, models, register_model
 
 # Fast-math flags for the kernels' sums, and only these two: "reassoc" lets LLVM keep vector
 # partial sums (a float sum is otherwise one serial chain, which stays scalar) and add the lanes up
@@ -44,3 +45,92 @@ def float32_from_bits(typingctx, bits):
         return builder.bitcast(args[0], ir.FloatType())
 
     return types.float32(types.int32), codegen
+
+
+# ---- 16 float32 lanes, summed in an order fixed by the code ----------------------------------------
+# With "reassoc", LLVM picks how many partial sums a loop keeps, per loop: the same dot product then
+# rounds differently in a one-token loop and a four-token loop. These operations spell the vector
+# out instead, so every loop that uses them sums a dot product the same way: lane l adds the
+# products of columns l, l + 16, l + 32, ... in order, then ``sum16`` adds the lanes in a fixed tree.
+
+LANES = 16
+_LANE_VECTOR = ir.VectorType(ir.FloatType(), LANES)
+
+
+class Float32x16(types.Type):
+    """The Numba type of 16 float32 lanes, an LLVM <16 x float> (two registers where a register
+    holds 8)."""
+
+    def __init__(self):
+        super().__init__(name="float32x16")
+
+
+float32x16 = Float32x16()
+
+
+@register_model(Float32x16)
+class _LaneVectorModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _LANE_VECTOR)
+
+
+@intrinsic
+def zeros16(typingctx):
+    """16 lanes of +0.0."""
+
+    def codegen(context, builder, signature, args):
+        return ir.Constant(_LANE_VECTOR, [0.0] * LANES)
+
+    return float32x16(), codegen
+
+
+@intrinsic
+def load16(typingctx, array, index):
+    """Elements index .. index + 15 of a C-contiguous float32 array, counted from its start
+    whatever its dimensions. The caller keeps index + 15 inside the array."""
+    if not (isinstance(array, types.Array) and array.dtype == types.float32 and array.layout == "C"):
+        return None
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        address = builder.bitcast(builder.gep(data, [args[1]]), _LANE_VECTOR.as_pointer())
+        return builder.load(address, align=4)
+
+    return float32x16(array, index), codegen
+
+
+@intrinsic
+def multiply_add16(typingctx, a, b, c):
+    """a * b + c lane by lane (llvm.fmuladd: one fused multiply-add where the machine has one, as
+    on every x86-64 with AVX2; a multiply then an add elsewhere, the same way in every loop)."""
+    if not (a == b == c == float32x16):
+        return None
+
+    def codegen(context, builder, signature, args):
+        signature_ir = ir.FunctionType(_LANE_VECTOR, [_LANE_VECTOR] * 3)
+        fmuladd = cgutils.get_or_insert_function(builder.module, signature_ir, f"llvm.fmuladd.v{LANES}f32")
+        return builder.call(fmuladd, list(args))
+
+    return float32x16(a, b, c), codegen
+
+
+def _lane_indices(first: int, count: int) -> ir.Constant:
+    return ir.Constant(ir.VectorType(ir.IntType(32), count), list(range(first, first + count)))
+
+
+@intrinsic
+def sum16(typingctx, lanes):
+    """The sum of the 16 lanes: halves added lane by lane (8, then 4, 2, 1), each add rounded."""
+    if lanes != float32x16:
+        return None
+
+    def codegen(context, builder, signature, args):
+        vector, width = args[0], LANES
+        while width > 1:
+            width //= 2
+            low = builder.shuffle_vector(vector, vector, _lane_indices(0, width))
+            high = builder.shuffle_vector(vector, vector, _lane_indices(width, width))
+            vector = builder.fadd(low, high)
+        return builder.extract_element(vector, ir.IntType(32)(0))
+
+    return types.float32(lanes), codegen
