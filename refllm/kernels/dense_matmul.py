@@ -75,10 +75,14 @@ def _tile_4x4(weights: np.ndarray, x: np.ndarray, r: int, t: int, out: np.ndarra
         w2, w3 = load16(weights, (r + 2) * cols + i), load16(weights, (r + 3) * cols + i)
         x0, x1 = load16(x, t * cols + i), load16(x, (t + 1) * cols + i)
         x2, x3 = load16(x, (t + 2) * cols + i), load16(x, (t + 3) * cols + i)
-        s00, s01, s02, s03 = multiply_add16(w0, x0, s00), multiply_add16(w0, x1, s01), multiply_add16(w0, x2, s02), multiply_add16(w0, x3, s03)
-        s10, s11, s12, s13 = multiply_add16(w1, x0, s10), multiply_add16(w1, x1, s11), multiply_add16(w1, x2, s12), multiply_add16(w1, x3, s13)
-        s20, s21, s22, s23 = multiply_add16(w2, x0, s20), multiply_add16(w2, x1, s21), multiply_add16(w2, x2, s22), multiply_add16(w2, x3, s23)
-        s30, s31, s32, s33 = multiply_add16(w3, x0, s30), multiply_add16(w3, x1, s31), multiply_add16(w3, x2, s32), multiply_add16(w3, x3, s33)
+        s00, s01 = multiply_add16(w0, x0, s00), multiply_add16(w0, x1, s01)
+        s02, s03 = multiply_add16(w0, x2, s02), multiply_add16(w0, x3, s03)
+        s10, s11 = multiply_add16(w1, x0, s10), multiply_add16(w1, x1, s11)
+        s12, s13 = multiply_add16(w1, x2, s12), multiply_add16(w1, x3, s13)
+        s20, s21 = multiply_add16(w2, x0, s20), multiply_add16(w2, x1, s21)
+        s22, s23 = multiply_add16(w2, x2, s22), multiply_add16(w2, x3, s23)
+        s30, s31 = multiply_add16(w3, x0, s30), multiply_add16(w3, x1, s31)
+        s32, s33 = multiply_add16(w3, x2, s32), multiply_add16(w3, x3, s33)
     sums = ((s00, s01, s02, s03), (s10, s11, s12, s13), (s20, s21, s22, s23), (s30, s31, s32, s33))
     for a in range(4):
         for b in range(4):
