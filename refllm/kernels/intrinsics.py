@@ -134,3 +134,113 @@ def sum16(typingctx, lanes):
         return builder.extract_element(vector, ir.IntType(32)(0))
 
     return types.float32(lanes), codegen
+
+
+@intrinsic
+def broadcast16(typingctx, value):
+    """16 lanes of one float32."""
+    if value != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        first = builder.insert_element(ir.Constant(_LANE_VECTOR, ir.Undefined), args[0], ir.IntType(32)(0))
+        return builder.shuffle_vector(first, first, ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES))
+
+    return float32x16(value), codegen
+
+
+def _lanewise(operation: str):
+    @intrinsic
+    def lanewise(typingctx, a, b):
+        if not (a == b == float32x16):
+            return None
+
+        def codegen(context, builder, signature, args):
+            return getattr(builder, operation)(args[0], args[1])
+
+        return float32x16(a, b), codegen
+
+    return lanewise
+
+
+add16 = _lanewise("fadd")
+add16.__doc__ = "a + b lane by lane."
+mul16 = _lanewise("fmul")
+mul16.__doc__ = "a * b lane by lane."
+
+
+# ---- 16 integers of a uint8 array (a quantized row's bytes), as float32 lanes ------------------------
+
+_BYTES = ir.VectorType(ir.IntType(8), LANES)
+_INTS = ir.VectorType(ir.IntType(32), LANES)
+
+
+def _bytes_at(context, builder, signature, args):
+    data = context.make_array(signature.args[0])(context, builder, args[0]).data
+    return builder.load(builder.bitcast(builder.gep(data, [args[1]]), _BYTES.as_pointer()), align=1)
+
+
+def _is_byte_row(array) -> bool:
+    return isinstance(array, types.Array) and array.dtype == types.uint8 and array.ndim == 1 and array.layout == "C"
+
+
+@intrinsic
+def low_nibbles16(typingctx, row, index):
+    """The low 4 bits of bytes index .. index + 15 of a contiguous uint8 row, as 16 float32 lanes."""
+    if not _is_byte_row(row):
+        return None
+
+    def codegen(context, builder, signature, args):
+        ints = builder.zext(_bytes_at(context, builder, signature, args), _INTS)
+        return builder.uitofp(builder.and_(ints, ir.Constant(_INTS, [15] * LANES)), _LANE_VECTOR)
+
+    return float32x16(row, index), codegen
+
+
+@intrinsic
+def high_nibbles16(typingctx, row, index):
+    """The high 4 bits of bytes index .. index + 15 of a contiguous uint8 row, as 16 float32 lanes."""
+    if not _is_byte_row(row):
+        return None
+
+    def codegen(context, builder, signature, args):
+        ints = builder.zext(_bytes_at(context, builder, signature, args), _INTS)
+        return builder.uitofp(builder.lshr(ints, ir.Constant(_INTS, [4] * LANES)), _LANE_VECTOR)
+
+    return float32x16(row, index), codegen
+
+
+@intrinsic
+def int8s16(typingctx, row, index):
+    """Bytes index .. index + 15 of a contiguous uint8 row read as int8, as 16 float32 lanes."""
+    if not _is_byte_row(row):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.sitofp(builder.sext(_bytes_at(context, builder, signature, args), _INTS), _LANE_VECTOR)
+
+    return float32x16(row, index), codegen
+
+
+def _int32(builder, value):
+    """An LLVM integer cut or zero-extended to 32 bits."""
+    if value.type.width > 32:
+        return builder.trunc(value, ir.IntType(32))
+    return builder.zext(value, ir.IntType(32)) if value.type.width < 32 else value
+
+
+@intrinsic
+def bits16(typingctx, value, first):
+    """Bits first .. first + 15 of an integer (lane j holds bit first + j), as 16 float32 lanes of
+    0.0 or 1.0. ``first`` is 0 or 16: a 32-bit mask's two halves."""
+    if not (isinstance(value, types.Integer) and isinstance(first, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        shifted = builder.lshr(_int32(builder, args[0]), _int32(builder, args[1]))
+        lanes = builder.insert_element(ir.Constant(_INTS, ir.Undefined), shifted, ir.IntType(32)(0))
+        lanes = builder.shuffle_vector(lanes, lanes, ir.Constant(_INTS, [0] * LANES))
+        bits = builder.lshr(lanes, ir.Constant(_INTS, list(range(LANES))))
+        return builder.uitofp(builder.and_(bits, ir.Constant(_INTS, [1] * LANES)), _LANE_VECTOR)
+
+    return float32x16(value, first), codegen

@@ -55,7 +55,21 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from refllm.kernels.intrinsics import SUM_FASTMATH, prefetch
+from refllm.kernels.intrinsics import (
+    SUM_FASTMATH,
+    add16,
+    bits16,
+    broadcast16,
+    high_nibbles16,
+    int8s16,
+    load16,
+    low_nibbles16,
+    mul16,
+    multiply_add16,
+    prefetch,
+    sum16,
+    zeros16,
+)
 
 
 # The formats the kernels read, by kernel code (the small int the compiled kernels branch on).
@@ -160,6 +174,13 @@ def _q4_0_lane(row: np.ndarray, g: int, j: int, bits: int) -> tuple[np.float32, 
 
 
 @njit(cache=True)
+def _q4_0_lanes16(row: np.ndarray, g: int, bits: int) -> tuple:
+    """All 16 lanes of ``_q4_0_lane`` at once, as vectors."""
+    at, minus_eight = 18 * g + 2, broadcast16(np.float32(-8.0))
+    return add16(low_nibbles16(row, at), minus_eight), add16(high_nibbles16(row, at), minus_eight)
+
+
+@njit(cache=True)
 def _q4_1_params(row: np.ndarray, g: int) -> tuple:
     d, m = _f16(row, 20 * g), _f16(row, 20 * g + 2)
     return d, m, d, m, 0
@@ -169,6 +190,12 @@ def _q4_1_params(row: np.ndarray, g: int) -> tuple:
 def _q4_1_lane(row: np.ndarray, g: int, j: int, bits: int) -> tuple[np.float32, np.float32]:
     """bytes 0-1 d | 2-3 m | 4-19 qs as Q4_0; w = d * q + m."""
     return _nibbles(_at(row, 20 * g + 4 + j))
+
+
+@njit(cache=True)
+def _q4_1_lanes16(row: np.ndarray, g: int, bits: int) -> tuple:
+    """All 16 lanes of ``_q4_1_lane`` at once, as vectors."""
+    return low_nibbles16(row, 20 * g + 4), high_nibbles16(row, 20 * g + 4)
 
 
 @njit(cache=True)
@@ -186,6 +213,14 @@ def _q5_0_lane(row: np.ndarray, g: int, j: int, qh: int) -> tuple[np.float32, np
 
 
 @njit(cache=True)
+def _q5_0_lanes16(row: np.ndarray, g: int, qh: int) -> tuple:
+    """All 16 lanes of ``_q5_0_lane`` at once, as vectors."""
+    at, sixteen, minus_sixteen = 22 * g + 6, broadcast16(np.float32(16.0)), broadcast16(np.float32(-16.0))
+    low = add16(multiply_add16(sixteen, bits16(qh, 0), low_nibbles16(row, at)), minus_sixteen)
+    return low, add16(multiply_add16(sixteen, bits16(qh, 16), high_nibbles16(row, at)), minus_sixteen)
+
+
+@njit(cache=True)
 def _q5_1_params(row: np.ndarray, g: int) -> tuple:
     d, m = _f16(row, 24 * g), _f16(row, 24 * g + 2)
     return d, m, d, m, _u32(row, 24 * g + 4)
@@ -199,6 +234,16 @@ def _q5_1_lane(row: np.ndarray, g: int, j: int, qh: int) -> tuple[np.float32, np
 
 
 @njit(cache=True)
+def _q5_1_lanes16(row: np.ndarray, g: int, qh: int) -> tuple:
+    """All 16 lanes of ``_q5_1_lane`` at once, as vectors."""
+    at, sixteen = 24 * g + 8, broadcast16(np.float32(16.0))
+    return (
+        multiply_add16(sixteen, bits16(qh, 0), low_nibbles16(row, at)),
+        multiply_add16(sixteen, bits16(qh, 16), high_nibbles16(row, at)),
+    )
+
+
+@njit(cache=True)
 def _q8_0_params(row: np.ndarray, g: int) -> tuple:
     d = _f16(row, 34 * g)
     return d, _NO_OFFSET, d, _NO_OFFSET, 0
@@ -208,6 +253,12 @@ def _q8_0_params(row: np.ndarray, g: int) -> tuple:
 def _q8_0_lane(row: np.ndarray, g: int, j: int, bits: int) -> tuple[np.float32, np.float32]:
     """bytes 0-1 d | 2-33 int8 q_j at byte 2 + j; w = d * q."""
     return np.float32(np.int8(_at(row, 34 * g + 2 + j))), np.float32(np.int8(_at(row, 34 * g + 18 + j)))
+
+
+@njit(cache=True)
+def _q8_0_lanes16(row: np.ndarray, g: int, bits: int) -> tuple:
+    """All 16 lanes of ``_q8_0_lane`` at once, as vectors."""
+    return int8s16(row, 34 * g + 2), int8s16(row, 34 * g + 18)
 
 
 # ---- Q4_K, Q5_K: super-block b = g // 4; group i = g % 4 is sub-blocks 2i (low nibbles), 2i + 1 ----
@@ -448,11 +499,51 @@ def _walks(params, lane, layout, shared_scale: bool):
     return decode, dot4, sums
 
 
+def _vector_dot4(params, lanes16):
+    """-> dot4 of a 32-weight block format, its lanes as 16-wide vectors (``refllm/kernels/intrinsics.py``).
+
+    Per block, sum_j (a q_j + c) x_j = a (sum_j q_j x_j) + c (sum_j x_j). Each row keeps 16 lane
+    sums of a (q x) across its blocks and one scalar sum of c (sum x), and adds its lanes once at
+    the end. Left to LLVM, the same loop summed the 16 lanes in every block, and one core decoded
+    Q4_1 at about 2 weights per cycle; spelled out, about 5 (benchmarks/bench_quant_kernels.py).
+    """
+
+    @njit
+    def add_block(row: np.ndarray, g: int, x_first, x_second, x_sum: float, lanes, offsets: float) -> tuple:
+        """A row's 16 lane sums and its offset sum, with block g added."""
+        a, c, _, _, bits = params(row, g)
+        q_first, q_second = lanes16(row, g, bits)
+        products = multiply_add16(q_second, x_second, mul16(q_first, x_first))
+        return multiply_add16(broadcast16(a), products, lanes), offsets + c * x_sum
+
+    @njit
+    def dot4(rows: tuple, x: np.ndarray, x_sums: np.ndarray) -> tuple[np.float32, np.float32, np.float32, np.float32]:
+        """Four rows [R_bytes] uint8 . x [C] float32 -> four float32."""
+        row0, row1, row2, row3 = rows
+        lanes0 = lanes1 = lanes2 = lanes3 = zeros16()
+        offsets0 = offsets1 = offsets2 = offsets3 = np.float32(0.0)
+        for g in range(x.shape[0] // 32):
+            x_first, x_second = load16(x, 32 * g), load16(x, 32 * g + 16)
+            x_sum = x_sums[g, 0] + x_sums[g, 1]
+            lanes0, offsets0 = add_block(row0, g, x_first, x_second, x_sum, lanes0, offsets0)
+            lanes1, offsets1 = add_block(row1, g, x_first, x_second, x_sum, lanes1, offsets1)
+            lanes2, offsets2 = add_block(row2, g, x_first, x_second, x_sum, lanes2, offsets2)
+            lanes3, offsets3 = add_block(row3, g, x_first, x_second, x_sum, lanes3, offsets3)
+        return sum16(lanes0) + offsets0, sum16(lanes1) + offsets1, sum16(lanes2) + offsets2, sum16(lanes3) + offsets3
+
+    return dot4
+
+
 _decode_q4_0, _dot4_q4_0, _sums_q4_0 = _walks(_q4_0_params, _q4_0_lane, _block32_layout, True)
 _decode_q4_1, _dot4_q4_1, _sums_q4_1 = _walks(_q4_1_params, _q4_1_lane, _block32_layout, True)
 _decode_q5_0, _dot4_q5_0, _sums_q5_0 = _walks(_q5_0_params, _q5_0_lane, _block32_layout, True)
 _decode_q5_1, _dot4_q5_1, _sums_q5_1 = _walks(_q5_1_params, _q5_1_lane, _block32_layout, True)
 _decode_q8_0, _dot4_q8_0, _sums_q8_0 = _walks(_q8_0_params, _q8_0_lane, _block32_layout, True)
+_dot4_q4_0 = _vector_dot4(_q4_0_params, _q4_0_lanes16)
+_dot4_q4_1 = _vector_dot4(_q4_1_params, _q4_1_lanes16)
+_dot4_q5_0 = _vector_dot4(_q5_0_params, _q5_0_lanes16)
+_dot4_q5_1 = _vector_dot4(_q5_1_params, _q5_1_lanes16)
+_dot4_q8_0 = _vector_dot4(_q8_0_params, _q8_0_lanes16)
 _decode_q2_k, _dot4_q2_k, _sums_q2_k = _walks(_q2_k_params, _q2_k_lane, _k_quads_layout, False)
 _decode_q3_k, _dot4_q3_k, _sums_q3_k = _walks(_q3_k_params, _q3_k_lane, _k_quads_layout, False)
 _decode_q4_k, _dot4_q4_k, _sums_q4_k = _walks(_q4_k_params, _q4_k_lane, _k_pairs_layout, False)
