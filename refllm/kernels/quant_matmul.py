@@ -25,7 +25,12 @@ sub-block), an integer q per weight. Per format,
     _<format>_params(row, g)        -> (a_first, c_first, a_second, c_second, bits), read once a group
     _<format>_lane(row, g, j, bits) -> (q_first, q_second), integers as float32
 
-and ``_walks`` builds the format's decoder and decode product from them. The families:
+and ``_walks`` builds the format's decoder and decode product from them. The
+32-weight block formats also have ``_<format>_lanes16(row, g, bits)``, all 16
+lanes at once as vectors of ``refllm/kernels/intrinsics.py``; their decode
+product (``_vector_dot4``) keeps 16 lane sums per row across the blocks and adds
+them up once per row, where the lane loop's product adds them up in every group.
+The families:
 
     32-weight blocks (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0)  group = block g; L = 16, gap 16
     Q4_K, Q5_K                                    group = a pair of 32-weight sub-blocks
@@ -42,9 +47,10 @@ in this one module on purpose: Numba invalidates a cached function when its own
 file changes, and every kernel inlines every lane.
 
 Vectorisation is asserted on the optimised LLVM IR by tests/test_quant_kernels.py.
-On this project's AVX-512 machine ``inspect_asm`` shows the lane loop of
-``_dot4_<format>`` as 16-lane vpmovzxbd/vcvtdq2ps/vfmadd231ps on zmm registers,
-and ``_tile4x4``'s loop as sixteen zmm vfmadd231ps accumulators.
+On this project's AVX-512 machine ``inspect_asm`` shows the lane loop of the
+K-quants' ``_dot4_<format>`` as 16-lane vpmovzxbd/vcvtdq2ps/vfmadd231ps on zmm
+registers, and ``_tile4x4``'s loop as sixteen zmm vfmadd231ps accumulators; the
+32-weight block formats' products are vectors by construction.
 
 Dimension letters: R weight rows (outputs), C columns (inputs), T tokens,
 g group, j lane.
@@ -409,17 +415,14 @@ def _q6_k_lane(row: np.ndarray, g: int, j: int, bits: int) -> tuple[np.float32, 
 
 
 @njit(cache=True, fastmath=_SUM)
-def _group_total(params: tuple, first: float, second: float, x_first: float, x_second: float, shared: bool) -> float:
+def _group_total(params: tuple, first: float, second: float, x_first: float, x_second: float) -> float:
     """A group's share of a row's dot product: a (sum q x) + c (sum x), for its first and second weights."""
-    if shared:
-        return params[0] * first + params[1] * (x_first + x_second)
     return params[0] * first + params[1] * x_first + params[2] * second + params[3] * x_second
 
 
-def _walks(params, lane, layout, shared_scale: bool):
+def _walks(params, lane, layout):
     """-> (decode, dot4, sums) of one format. The functions are compile-time constants here
     (closure variables), so each walk is compiled with direct calls into them, which LLVM inlines.
-    ``shared_scale``: both weights of a lane share (a, c), so ``dot4`` keeps one sum per group.
     """
 
     @njit
@@ -466,34 +469,22 @@ def _walks(params, lane, layout, shared_scale: bool):
             for j in range(lanes):
                 x_first, x_second = x[np.uint64(base + j)], x[np.uint64(base + gap + j)]  # see _at
                 q_first, q_second = lane(row0, g, j, p0[4])
-                if shared_scale:
-                    f0 += q_first * x_first + q_second * x_second
-                else:
-                    f0 += q_first * x_first
-                    s0 += q_second * x_second
+                f0 += q_first * x_first
+                s0 += q_second * x_second
                 q_first, q_second = lane(row1, g, j, p1[4])
-                if shared_scale:
-                    f1 += q_first * x_first + q_second * x_second
-                else:
-                    f1 += q_first * x_first
-                    s1 += q_second * x_second
+                f1 += q_first * x_first
+                s1 += q_second * x_second
                 q_first, q_second = lane(row2, g, j, p2[4])
-                if shared_scale:
-                    f2 += q_first * x_first + q_second * x_second
-                else:
-                    f2 += q_first * x_first
-                    s2 += q_second * x_second
+                f2 += q_first * x_first
+                s2 += q_second * x_second
                 q_first, q_second = lane(row3, g, j, p3[4])
-                if shared_scale:
-                    f3 += q_first * x_first + q_second * x_second
-                else:
-                    f3 += q_first * x_first
-                    s3 += q_second * x_second
+                f3 += q_first * x_first
+                s3 += q_second * x_second
             x_first, x_second = x_sums[g, 0], x_sums[g, 1]
-            total0 += _group_total(p0, f0, s0, x_first, x_second, shared_scale)
-            total1 += _group_total(p1, f1, s1, x_first, x_second, shared_scale)
-            total2 += _group_total(p2, f2, s2, x_first, x_second, shared_scale)
-            total3 += _group_total(p3, f3, s3, x_first, x_second, shared_scale)
+            total0 += _group_total(p0, f0, s0, x_first, x_second)
+            total1 += _group_total(p1, f1, s1, x_first, x_second)
+            total2 += _group_total(p2, f2, s2, x_first, x_second)
+            total3 += _group_total(p3, f3, s3, x_first, x_second)
         return total0, total1, total2, total3
 
     return decode, dot4, sums
@@ -534,21 +525,22 @@ def _vector_dot4(params, lanes16):
     return dot4
 
 
-_decode_q4_0, _dot4_q4_0, _sums_q4_0 = _walks(_q4_0_params, _q4_0_lane, _block32_layout, True)
-_decode_q4_1, _dot4_q4_1, _sums_q4_1 = _walks(_q4_1_params, _q4_1_lane, _block32_layout, True)
-_decode_q5_0, _dot4_q5_0, _sums_q5_0 = _walks(_q5_0_params, _q5_0_lane, _block32_layout, True)
-_decode_q5_1, _dot4_q5_1, _sums_q5_1 = _walks(_q5_1_params, _q5_1_lane, _block32_layout, True)
-_decode_q8_0, _dot4_q8_0, _sums_q8_0 = _walks(_q8_0_params, _q8_0_lane, _block32_layout, True)
+# The 32-weight block formats multiply with their vector lanes; the K-quants lane by lane.
+_decode_q4_0, _, _sums_q4_0 = _walks(_q4_0_params, _q4_0_lane, _block32_layout)
+_decode_q4_1, _, _sums_q4_1 = _walks(_q4_1_params, _q4_1_lane, _block32_layout)
+_decode_q5_0, _, _sums_q5_0 = _walks(_q5_0_params, _q5_0_lane, _block32_layout)
+_decode_q5_1, _, _sums_q5_1 = _walks(_q5_1_params, _q5_1_lane, _block32_layout)
+_decode_q8_0, _, _sums_q8_0 = _walks(_q8_0_params, _q8_0_lane, _block32_layout)
 _dot4_q4_0 = _vector_dot4(_q4_0_params, _q4_0_lanes16)
 _dot4_q4_1 = _vector_dot4(_q4_1_params, _q4_1_lanes16)
 _dot4_q5_0 = _vector_dot4(_q5_0_params, _q5_0_lanes16)
 _dot4_q5_1 = _vector_dot4(_q5_1_params, _q5_1_lanes16)
 _dot4_q8_0 = _vector_dot4(_q8_0_params, _q8_0_lanes16)
-_decode_q2_k, _dot4_q2_k, _sums_q2_k = _walks(_q2_k_params, _q2_k_lane, _k_quads_layout, False)
-_decode_q3_k, _dot4_q3_k, _sums_q3_k = _walks(_q3_k_params, _q3_k_lane, _k_quads_layout, False)
-_decode_q4_k, _dot4_q4_k, _sums_q4_k = _walks(_q4_k_params, _q4_k_lane, _k_pairs_layout, False)
-_decode_q5_k, _dot4_q5_k, _sums_q5_k = _walks(_q5_k_params, _q5_k_lane, _k_pairs_layout, False)
-_decode_q6_k, _dot4_q6_k, _sums_q6_k = _walks(_q6_k_params, _q6_k_lane, _k_quads_layout, False)
+_decode_q2_k, _dot4_q2_k, _sums_q2_k = _walks(_q2_k_params, _q2_k_lane, _k_quads_layout)
+_decode_q3_k, _dot4_q3_k, _sums_q3_k = _walks(_q3_k_params, _q3_k_lane, _k_quads_layout)
+_decode_q4_k, _dot4_q4_k, _sums_q4_k = _walks(_q4_k_params, _q4_k_lane, _k_pairs_layout)
+_decode_q5_k, _dot4_q5_k, _sums_q5_k = _walks(_q5_k_params, _q5_k_lane, _k_pairs_layout)
+_decode_q6_k, _dot4_q6_k, _sums_q6_k = _walks(_q6_k_params, _q6_k_lane, _k_quads_layout)
 
 
 @njit(cache=True, fastmath=_SUM)
