@@ -495,8 +495,9 @@ def _vector_dot4(params, lanes16):
 
     Per block, sum_j (a q_j + c) x_j = a (sum_j q_j x_j) + c (sum_j x_j). Each row keeps 16 lane
     sums of a (q x) across its blocks and one scalar sum of c (sum x), and adds its lanes once at
-    the end. Left to LLVM, the same loop summed the 16 lanes in every block, and one core decoded
-    Q4_1 at about 2 weights per cycle; spelled out, about 5 (benchmarks/bench_quant_kernels.py).
+    the end. Left to LLVM, the same loop added up its 16 lanes in every block: spelled out, the
+    product streams 1.4 to 1.7x the weights per second of that one (on one core and on two,
+    1536 x 576 matrices from DRAM; Q4_1 from 13.6 to 21.9 G/s on two).
     """
 
     @njit
