@@ -184,30 +184,32 @@ def _is_byte_row(array) -> bool:
     return isinstance(array, types.Array) and array.dtype == types.uint8 and array.ndim == 1 and array.layout == "C"
 
 
+def _int32(builder, value):
+    """An LLVM integer cut or zero-extended to 32 bits."""
+    if value.type.width > 32:
+        return builder.trunc(value, ir.IntType(32))
+    return builder.zext(value, ir.IntType(32)) if value.type.width < 32 else value
+
+
+def _splat(builder, value):
+    """An int32 in all 16 lanes."""
+    lanes = builder.insert_element(ir.Constant(_INTS, ir.Undefined), value, ir.IntType(32)(0))
+    return builder.shuffle_vector(lanes, lanes, ir.Constant(_INTS, [0] * LANES))
+
+
 @intrinsic
-def low_nibbles16(typingctx, row, index):
-    """The low 4 bits of bytes index .. index + 15 of a contiguous uint8 row, as 16 float32 lanes."""
-    if not _is_byte_row(row):
+def byte_bits16(typingctx, row, index, shift, mask):
+    """(byte >> shift) & mask for bytes index .. index + 15 of a contiguous uint8 row, as 16 float32
+    lanes: a nibble (shift 0 or 4, mask 15), a 2-bit field (mask 3), a single bit (mask 1)."""
+    if not (_is_byte_row(row) and isinstance(shift, types.Integer) and isinstance(mask, types.Integer)):
         return None
 
     def codegen(context, builder, signature, args):
         ints = builder.zext(_bytes_at(context, builder, signature, args), _INTS)
-        return builder.uitofp(builder.and_(ints, ir.Constant(_INTS, [15] * LANES)), _LANE_VECTOR)
+        shifted = builder.lshr(ints, _splat(builder, _int32(builder, args[2])))
+        return builder.uitofp(builder.and_(shifted, _splat(builder, _int32(builder, args[3]))), _LANE_VECTOR)
 
-    return float32x16(row, index), codegen
-
-
-@intrinsic
-def high_nibbles16(typingctx, row, index):
-    """The high 4 bits of bytes index .. index + 15 of a contiguous uint8 row, as 16 float32 lanes."""
-    if not _is_byte_row(row):
-        return None
-
-    def codegen(context, builder, signature, args):
-        ints = builder.zext(_bytes_at(context, builder, signature, args), _INTS)
-        return builder.uitofp(builder.lshr(ints, ir.Constant(_INTS, [4] * LANES)), _LANE_VECTOR)
-
-    return float32x16(row, index), codegen
+    return float32x16(row, index, shift, mask), codegen
 
 
 @intrinsic
@@ -222,13 +224,6 @@ def int8s16(typingctx, row, index):
     return float32x16(row, index), codegen
 
 
-def _int32(builder, value):
-    """An LLVM integer cut or zero-extended to 32 bits."""
-    if value.type.width > 32:
-        return builder.trunc(value, ir.IntType(32))
-    return builder.zext(value, ir.IntType(32)) if value.type.width < 32 else value
-
-
 @intrinsic
 def bits16(typingctx, value, first):
     """Bits first .. first + 15 of an integer (lane j holds bit first + j), as 16 float32 lanes of
@@ -237,9 +232,7 @@ def bits16(typingctx, value, first):
         return None
 
     def codegen(context, builder, signature, args):
-        shifted = builder.lshr(_int32(builder, args[0]), _int32(builder, args[1]))
-        lanes = builder.insert_element(ir.Constant(_INTS, ir.Undefined), shifted, ir.IntType(32)(0))
-        lanes = builder.shuffle_vector(lanes, lanes, ir.Constant(_INTS, [0] * LANES))
+        lanes = _splat(builder, builder.lshr(_int32(builder, args[0]), _int32(builder, args[1])))
         bits = builder.lshr(lanes, ir.Constant(_INTS, list(range(LANES))))
         return builder.uitofp(builder.and_(bits, ir.Constant(_INTS, [1] * LANES)), _LANE_VECTOR)
 

@@ -25,12 +25,11 @@ sub-block), an integer q per weight. Per format,
     _<format>_params(row, g)        -> (a_first, c_first, a_second, c_second, bits), read once a group
     _<format>_lane(row, g, j, bits) -> (q_first, q_second), integers as float32
 
-and ``_walks`` builds the format's decoder and decode product from them. The
-32-weight block formats also have ``_<format>_lanes16(row, g, bits)``, all 16
-lanes at once as vectors of ``refllm/kernels/intrinsics.py``; their decode
-product (``_vector_dot4``) keeps 16 lane sums per row across the blocks and adds
-them up once per row, where the lane loop's product adds them up in every group.
-The families:
+and ``_walks`` builds the format's decoder and a decode product from them. Every
+format but Q4_K and Q5_K also has ``_<format>_lanes16(row, g, lane, bits)``, 16
+lanes at once as vectors of ``refllm/kernels/intrinsics.py``, and decodes with
+``_vector_dot4``: 16 lane sums per row kept across the groups and added up once
+per row, where the lane loop's product adds them up in every group. The families:
 
     32-weight blocks (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0)  group = block g; L = 16, gap 16
     Q4_K, Q5_K                                    group = a pair of 32-weight sub-blocks
@@ -47,10 +46,10 @@ in this one module on purpose: Numba invalidates a cached function when its own
 file changes, and every kernel inlines every lane.
 
 Vectorisation is asserted on the optimised LLVM IR by tests/test_quant_kernels.py.
-On this project's AVX-512 machine ``inspect_asm`` shows the lane loop of the
-K-quants' ``_dot4_<format>`` as 16-lane vpmovzxbd/vcvtdq2ps/vfmadd231ps on zmm
+On this project's AVX-512 machine ``inspect_asm`` shows the lane loop of Q4_K's
+and Q5_K's ``_dot4_<format>`` as 16-lane vpmovzxbd/vcvtdq2ps/vfmadd231ps on zmm
 registers, and ``_tile4x4``'s loop as sixteen zmm vfmadd231ps accumulators; the
-32-weight block formats' products are vectors by construction.
+other formats' products are vectors by construction.
 
 Dimension letters: R weight rows (outputs), C columns (inputs), T tokens,
 g group, j lane.
@@ -66,10 +65,9 @@ from refllm.kernels.intrinsics import (
     add16,
     bits16,
     broadcast16,
-    high_nibbles16,
+    byte_bits16,
     int8s16,
     load16,
-    low_nibbles16,
     mul16,
     multiply_add16,
     prefetch,
@@ -180,10 +178,10 @@ def _q4_0_lane(row: np.ndarray, g: int, j: int, bits: int) -> tuple[np.float32, 
 
 
 @njit(cache=True)
-def _q4_0_lanes16(row: np.ndarray, g: int, bits: int) -> tuple:
-    """All 16 lanes of ``_q4_0_lane`` at once, as vectors."""
-    at, minus_eight = 18 * g + 2, broadcast16(np.float32(-8.0))
-    return add16(low_nibbles16(row, at), minus_eight), add16(high_nibbles16(row, at), minus_eight)
+def _q4_0_lanes16(row: np.ndarray, g: int, lane: int, bits: int) -> tuple:
+    """Lanes lane .. lane + 15 of ``_q4_0_lane`` at once, as vectors (and so for each format)."""
+    at, minus_eight = 18 * g + 2 + lane, broadcast16(np.float32(-8.0))
+    return add16(byte_bits16(row, at, 0, 15), minus_eight), add16(byte_bits16(row, at, 4, 15), minus_eight)
 
 
 @njit(cache=True)
@@ -199,9 +197,9 @@ def _q4_1_lane(row: np.ndarray, g: int, j: int, bits: int) -> tuple[np.float32, 
 
 
 @njit(cache=True)
-def _q4_1_lanes16(row: np.ndarray, g: int, bits: int) -> tuple:
-    """All 16 lanes of ``_q4_1_lane`` at once, as vectors."""
-    return low_nibbles16(row, 20 * g + 4), high_nibbles16(row, 20 * g + 4)
+def _q4_1_lanes16(row: np.ndarray, g: int, lane: int, bits: int) -> tuple:
+    at = 20 * g + 4 + lane
+    return byte_bits16(row, at, 0, 15), byte_bits16(row, at, 4, 15)
 
 
 @njit(cache=True)
@@ -219,11 +217,10 @@ def _q5_0_lane(row: np.ndarray, g: int, j: int, qh: int) -> tuple[np.float32, np
 
 
 @njit(cache=True)
-def _q5_0_lanes16(row: np.ndarray, g: int, qh: int) -> tuple:
-    """All 16 lanes of ``_q5_0_lane`` at once, as vectors."""
-    at, sixteen, minus_sixteen = 22 * g + 6, broadcast16(np.float32(16.0)), broadcast16(np.float32(-16.0))
-    low = add16(multiply_add16(sixteen, bits16(qh, 0), low_nibbles16(row, at)), minus_sixteen)
-    return low, add16(multiply_add16(sixteen, bits16(qh, 16), high_nibbles16(row, at)), minus_sixteen)
+def _q5_0_lanes16(row: np.ndarray, g: int, lane: int, qh: int) -> tuple:
+    at, sixteen, minus_sixteen = 22 * g + 6 + lane, broadcast16(np.float32(16.0)), broadcast16(np.float32(-16.0))
+    low = add16(multiply_add16(sixteen, bits16(qh, lane), byte_bits16(row, at, 0, 15)), minus_sixteen)
+    return low, add16(multiply_add16(sixteen, bits16(qh, lane + 16), byte_bits16(row, at, 4, 15)), minus_sixteen)
 
 
 @njit(cache=True)
@@ -240,12 +237,11 @@ def _q5_1_lane(row: np.ndarray, g: int, j: int, qh: int) -> tuple[np.float32, np
 
 
 @njit(cache=True)
-def _q5_1_lanes16(row: np.ndarray, g: int, qh: int) -> tuple:
-    """All 16 lanes of ``_q5_1_lane`` at once, as vectors."""
-    at, sixteen = 24 * g + 8, broadcast16(np.float32(16.0))
+def _q5_1_lanes16(row: np.ndarray, g: int, lane: int, qh: int) -> tuple:
+    at, sixteen = 24 * g + 8 + lane, broadcast16(np.float32(16.0))
     return (
-        multiply_add16(sixteen, bits16(qh, 0), low_nibbles16(row, at)),
-        multiply_add16(sixteen, bits16(qh, 16), high_nibbles16(row, at)),
+        multiply_add16(sixteen, bits16(qh, lane), byte_bits16(row, at, 0, 15)),
+        multiply_add16(sixteen, bits16(qh, lane + 16), byte_bits16(row, at, 4, 15)),
     )
 
 
@@ -262,9 +258,8 @@ def _q8_0_lane(row: np.ndarray, g: int, j: int, bits: int) -> tuple[np.float32, 
 
 
 @njit(cache=True)
-def _q8_0_lanes16(row: np.ndarray, g: int, bits: int) -> tuple:
-    """All 16 lanes of ``_q8_0_lane`` at once, as vectors."""
-    return int8s16(row, 34 * g + 2), int8s16(row, 34 * g + 18)
+def _q8_0_lanes16(row: np.ndarray, g: int, lane: int, bits: int) -> tuple:
+    return int8s16(row, 34 * g + 2 + lane), int8s16(row, 34 * g + 18 + lane)
 
 
 # ---- Q4_K, Q5_K: super-block b = g // 4; group i = g % 4 is sub-blocks 2i (low nibbles), 2i + 1 ----
@@ -360,6 +355,13 @@ def _q2_k_lane(row: np.ndarray, g: int, j: int, bits: int) -> tuple[np.float32, 
 
 
 @njit(cache=True)
+def _q2_k_lanes16(row: np.ndarray, g: int, lane: int, bits: int) -> tuple:
+    h, s, p = _k_quad(g)
+    at = 84 * (g // 8) + 16 + 32 * h + 16 * p + lane
+    return byte_bits16(row, at, 2 * s, 3), byte_bits16(row, at, 2 * s + 4, 3)
+
+
+@njit(cache=True)
 def _q3_k_scale(row: np.ndarray, offset: int, sub: int) -> np.float32:
     """Signed 6-bit scale of sub-block ``sub`` from the 12 bytes at ``offset`` (formats._q3_k_scales)."""
     low = np.int64(row[offset + sub]) & 15 if sub < 8 else np.int64(row[offset + sub - 8]) >> 4
@@ -389,6 +391,16 @@ def _q3_k_lane(row: np.ndarray, g: int, j: int, bits: int) -> tuple[np.float32, 
 
 
 @njit(cache=True)
+def _q3_k_lanes16(row: np.ndarray, g: int, lane: int, bits: int) -> tuple:
+    h, s, p = _k_quad(g)
+    o, four, minus_four = 110 * (g // 8), broadcast16(np.float32(4.0)), broadcast16(np.float32(-4.0))
+    q, mask = o + 32 + 32 * h + 16 * p + lane, o + 16 * p + lane
+    first = multiply_add16(four, byte_bits16(row, mask, 4 * h + s, 1), byte_bits16(row, q, 2 * s, 3))
+    second = multiply_add16(four, byte_bits16(row, mask, 4 * h + s + 2, 1), byte_bits16(row, q, 2 * s + 4, 3))
+    return add16(first, minus_four), add16(second, minus_four)
+
+
+@njit(cache=True)
 def _q6_k_params(row: np.ndarray, g: int) -> tuple:
     o = 210 * (g // 8)
     h, s, p = _k_quad(g)
@@ -409,6 +421,16 @@ def _q6_k_lane(row: np.ndarray, g: int, j: int, bits: int) -> tuple[np.float32, 
     first = low + np.float32(16.0) * np.float32((qh >> (2 * s)) & 3) - np.float32(32.0)
     second = high + np.float32(16.0) * np.float32((qh >> (2 * s + 4)) & 3) - np.float32(32.0)
     return first, second
+
+
+@njit(cache=True)
+def _q6_k_lanes16(row: np.ndarray, g: int, lane: int, bits: int) -> tuple:
+    h, s, p = _k_quad(g)
+    o, sixteen, minus_32 = 210 * (g // 8), broadcast16(np.float32(16.0)), broadcast16(np.float32(-32.0))
+    ql, qh = o + 64 * h + 32 * s + 16 * p + lane, o + 128 + 32 * h + 16 * p + lane
+    first = multiply_add16(sixteen, byte_bits16(row, qh, 2 * s, 3), byte_bits16(row, ql, 0, 15))
+    second = multiply_add16(sixteen, byte_bits16(row, qh, 2 * s + 4, 3), byte_bits16(row, ql, 4, 15))
+    return add16(first, minus_32), add16(second, minus_32)
 
 
 # ---- one format's walks over a row, compiled for its (params, lane, layout) functions -----------------
@@ -490,23 +512,34 @@ def _walks(params, lane, layout):
     return decode, dot4, sums
 
 
-def _vector_dot4(params, lanes16):
-    """-> dot4 of a 32-weight block format, its lanes as 16-wide vectors (``refllm/kernels/intrinsics.py``).
+def _vector_dot4(params, lanes16, layout, shared_scale: bool):
+    """-> dot4 of one format, its lanes as 16-wide vectors (``refllm/kernels/intrinsics.py``).
 
-    Per block, sum_j (a q_j + c) x_j = a (sum_j q_j x_j) + c (sum_j x_j). Each row keeps 16 lane
-    sums of a (q x) across its blocks and one scalar sum of c (sum x), and adds its lanes once at
-    the end. Left to LLVM, the same loop added up its 16 lanes in every block: spelled out, the
-    product streams 1.4 to 1.7x the weights per second of that one (on one core and on two,
-    1536 x 576 matrices from DRAM; Q4_1 from 13.6 to 21.9 G/s on two).
+    Per group, sum_j (a q_j + c) x_j = a (sum_j q_j x_j) + c (sum_j x_j). Each row keeps 16 lane
+    sums of a (q x) across its groups and one scalar sum of c (sum x), and adds its lanes once at
+    the end. ``shared_scale``: both weights of a lane have the same a (the 32-weight blocks), so
+    a multiplies their two products at once. Left to LLVM, a lane loop added up its lanes in
+    every group: spelled out, the product streams 1.4 to 1.7x the weights per second of that
+    one for the 32-weight formats (one core and two, 1536 x 576 matrices from DRAM; Q4_1 from
+    13.6 to 21.9 G/s on two), 1.6x for Q2_K and Q3_K, 1.9x for Q6_K (1536 x 1024). Q4_K and
+    Q5_K, whose groups are 32 lanes wide, ran 0.7 to 0.9x as fast this way and keep the loop.
     """
 
-    @njit
-    def add_block(row: np.ndarray, g: int, x_first, x_second, x_sum: float, lanes, offsets: float) -> tuple:
-        """A row's 16 lane sums and its offset sum, with block g added."""
-        a, c, _, _, bits = params(row, g)
-        q_first, q_second = lanes16(row, g, bits)
-        products = multiply_add16(q_second, x_second, mul16(q_first, x_first))
-        return multiply_add16(broadcast16(a), products, lanes), offsets + c * x_sum
+    @njit(inline="always")
+    def add_group(row: np.ndarray, g: int, x: np.ndarray, x_sums: np.ndarray, lanes, offsets: float) -> tuple:
+        """A row's 16 lane sums and its offset sum, with group g added."""
+        base, gap, num_lanes = layout(g)
+        a_first, c_first, a_second, c_second, bits = params(row, g)
+        for lane in range(0, num_lanes, 16):
+            q_first, q_second = lanes16(row, g, lane, bits)
+            x_first, x_second = load16(x, base + lane), load16(x, base + gap + lane)
+            if shared_scale:
+                products = multiply_add16(q_second, x_second, mul16(q_first, x_first))
+                lanes = multiply_add16(broadcast16(a_first), products, lanes)
+            else:
+                lanes = multiply_add16(broadcast16(a_second), mul16(q_second, x_second), lanes)
+                lanes = multiply_add16(broadcast16(a_first), mul16(q_first, x_first), lanes)
+        return lanes, offsets + (c_first * x_sums[g, 0] + c_second * x_sums[g, 1])
 
     @njit
     def dot4(rows: tuple, x: np.ndarray, x_sums: np.ndarray) -> tuple[np.float32, np.float32, np.float32, np.float32]:
@@ -514,34 +547,35 @@ def _vector_dot4(params, lanes16):
         row0, row1, row2, row3 = rows
         lanes0 = lanes1 = lanes2 = lanes3 = zeros16()
         offsets0 = offsets1 = offsets2 = offsets3 = np.float32(0.0)
-        for g in range(x.shape[0] // 32):
-            x_first, x_second = load16(x, 32 * g), load16(x, 32 * g + 16)
-            x_sum = x_sums[g, 0] + x_sums[g, 1]
-            lanes0, offsets0 = add_block(row0, g, x_first, x_second, x_sum, lanes0, offsets0)
-            lanes1, offsets1 = add_block(row1, g, x_first, x_second, x_sum, lanes1, offsets1)
-            lanes2, offsets2 = add_block(row2, g, x_first, x_second, x_sum, lanes2, offsets2)
-            lanes3, offsets3 = add_block(row3, g, x_first, x_second, x_sum, lanes3, offsets3)
+        for g in range(x_sums.shape[0]):
+            lanes0, offsets0 = add_group(row0, g, x, x_sums, lanes0, offsets0)
+            lanes1, offsets1 = add_group(row1, g, x, x_sums, lanes1, offsets1)
+            lanes2, offsets2 = add_group(row2, g, x, x_sums, lanes2, offsets2)
+            lanes3, offsets3 = add_group(row3, g, x, x_sums, lanes3, offsets3)
         return sum16(lanes0) + offsets0, sum16(lanes1) + offsets1, sum16(lanes2) + offsets2, sum16(lanes3) + offsets3
 
     return dot4
 
 
-# The 32-weight block formats multiply with their vector lanes; the K-quants lane by lane.
+# Q4_K and Q5_K multiply lane by lane (_walks): as vectors they measured 0.7-0.9x as fast; the rest as vectors.
 _decode_q4_0, _, _sums_q4_0 = _walks(_q4_0_params, _q4_0_lane, _block32_layout)
+_dot4_q4_0 = _vector_dot4(_q4_0_params, _q4_0_lanes16, _block32_layout, True)
 _decode_q4_1, _, _sums_q4_1 = _walks(_q4_1_params, _q4_1_lane, _block32_layout)
+_dot4_q4_1 = _vector_dot4(_q4_1_params, _q4_1_lanes16, _block32_layout, True)
 _decode_q5_0, _, _sums_q5_0 = _walks(_q5_0_params, _q5_0_lane, _block32_layout)
+_dot4_q5_0 = _vector_dot4(_q5_0_params, _q5_0_lanes16, _block32_layout, True)
 _decode_q5_1, _, _sums_q5_1 = _walks(_q5_1_params, _q5_1_lane, _block32_layout)
+_dot4_q5_1 = _vector_dot4(_q5_1_params, _q5_1_lanes16, _block32_layout, True)
 _decode_q8_0, _, _sums_q8_0 = _walks(_q8_0_params, _q8_0_lane, _block32_layout)
-_dot4_q4_0 = _vector_dot4(_q4_0_params, _q4_0_lanes16)
-_dot4_q4_1 = _vector_dot4(_q4_1_params, _q4_1_lanes16)
-_dot4_q5_0 = _vector_dot4(_q5_0_params, _q5_0_lanes16)
-_dot4_q5_1 = _vector_dot4(_q5_1_params, _q5_1_lanes16)
-_dot4_q8_0 = _vector_dot4(_q8_0_params, _q8_0_lanes16)
-_decode_q2_k, _dot4_q2_k, _sums_q2_k = _walks(_q2_k_params, _q2_k_lane, _k_quads_layout)
-_decode_q3_k, _dot4_q3_k, _sums_q3_k = _walks(_q3_k_params, _q3_k_lane, _k_quads_layout)
+_dot4_q8_0 = _vector_dot4(_q8_0_params, _q8_0_lanes16, _block32_layout, True)
+_decode_q2_k, _, _sums_q2_k = _walks(_q2_k_params, _q2_k_lane, _k_quads_layout)
+_dot4_q2_k = _vector_dot4(_q2_k_params, _q2_k_lanes16, _k_quads_layout, False)
+_decode_q3_k, _, _sums_q3_k = _walks(_q3_k_params, _q3_k_lane, _k_quads_layout)
+_dot4_q3_k = _vector_dot4(_q3_k_params, _q3_k_lanes16, _k_quads_layout, False)
 _decode_q4_k, _dot4_q4_k, _sums_q4_k = _walks(_q4_k_params, _q4_k_lane, _k_pairs_layout)
 _decode_q5_k, _dot4_q5_k, _sums_q5_k = _walks(_q5_k_params, _q5_k_lane, _k_pairs_layout)
-_decode_q6_k, _dot4_q6_k, _sums_q6_k = _walks(_q6_k_params, _q6_k_lane, _k_quads_layout)
+_decode_q6_k, _, _sums_q6_k = _walks(_q6_k_params, _q6_k_lane, _k_quads_layout)
+_dot4_q6_k = _vector_dot4(_q6_k_params, _q6_k_lanes16, _k_quads_layout, False)
 
 
 @njit(cache=True, fastmath=_SUM)
