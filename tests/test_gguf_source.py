@@ -22,11 +22,13 @@ from refllm.io.gguf import (
     GEMMA3_LOCAL_ROPE_THETA,
     GGUFFileError,
     GGUFSource,
+    _Reader,
     hf_name,
     permute,
     reverse_permute,
 )
 from refllm.io.safetensors import HFDirectorySource
+from refllm.quant.linear import QuantizedTensor
 from refllm.loading import ModelNotFoundError
 from tests.hf_fixtures import DATA, NEW_TOKENS
 
@@ -193,6 +195,24 @@ def test_quantized_tensors_load_as_their_dequantized_values(tensor_type, tmp_pat
     expected = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[tensor_type])
     np.testing.assert_array_equal(source.tensor(name), expected)
     assert source.tensor(name).dtype == np.float32
+
+
+def test_a_quantized_load_releases_the_header_and_the_rows_it_copied(tmp_path, monkeypatch):
+    """The kept blocks are views of the file, except llama's q/k rows, reordered into copies: their
+    file pages, and the header's once parsed, are dropped from the resident set; no others."""
+    released = []
+    monkeypatch.setattr(_Reader, "release", lambda self, offset, size: released.append((offset, size)))
+    source = GGUFSource(convert("llama", tmp_path / "q.gguf", "Q8_0"), quantized=True)
+    assert released == [(0, source.reader.data_offset)]
+    kept = {True: 0, False: 0}  # quantized tensors checked, copied or not
+    for name in source.tensor_names():
+        released.clear()
+        tensor = source.tensor(name)
+        copied = ".self_attn.q_proj." in name or ".self_attn.k_proj." in name
+        if isinstance(tensor, QuantizedTensor):
+            kept[copied] += 1
+            assert released == ([(int(source._tensors[name].data_offset), tensor.blocks.nbytes)] if copied else [])
+    assert kept[True] and kept[False]
 
 
 def test_tied_embeddings_follow_from_a_missing_output_tensor(tmp_path):

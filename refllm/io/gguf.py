@@ -172,8 +172,10 @@ class GGUFSource:
             raise GGUFFileError(f"{self.path}: {e}") from None
         self.tokenizer = self._tokenizer()
         # Everything needed from the metadata is read. The parsed fields of a large vocabulary
-        # (262144 tokens for Gemma 3) are hundreds of MB of small arrays; free them before the weights.
+        # (262144 tokens for Gemma 3) are hundreds of MB of small arrays; free them before the weights,
+        # and the file pages they were parsed from (the header up to the tensor data).
         self.reader.fields.clear()
+        self.reader.release(0, self.reader.data_offset)
 
     # ---- ModelSource ----
 
@@ -188,7 +190,10 @@ class GGUFSource:
         kind = stored.tensor_type.name
         if self.quantized and kernel_reads(kind, shape):
             rows = QuantizedTensor.from_raw(stored.data, kind, shape).blocks  # [out, row bytes]
-            return QuantizedTensor(self._undo_conversion(name, rows), kind, shape)
+            kept = self._undo_conversion(name, rows)
+            if kept is not rows:  # reordered into a copy: the file's rows are read and done with
+                self.reader.release(int(stored.data_offset), rows.nbytes)
+            return QuantizedTensor(kept, kind, shape)
         return self._undo_conversion(name, self._dequantize(stored, kind, shape))
 
     def where(self, name: str | None) -> str:
