@@ -1,7 +1,9 @@
 """LlamaFamilyModel: one forward pass for Llama, Mistral, Qwen2/3, Phi-3 and Gemma 3.
 
 The architectures differ only by flags in ``ModelConfig``; ``forward`` follows
-one token's path and each step is a call into ``refllm/nn``:
+one token's path and each step is a call into ``refllm/nn`` or its kernel twin
+(RMSNorm and RoPE in ``refllm/kernels``; the projections and attention reach
+theirs through their weights and the cache):
 
     ids -> embed -> for each layer:
                         norm -> q, k, v projections -> (q/k norm) -> RoPE
@@ -22,14 +24,15 @@ from refllm.config import ModelConfig
 from refllm.errors import ContextLengthError, InvalidInputError, PositionError, TokenOutOfRangeError
 from refllm.kernels import blas_on_calling_thread
 from refllm.kernels.dense_matmul import for_kernels
+from refllm.kernels.norm import rms_norm  # the Numba twin of refllm.nn.norm.rms_norm
+from refllm.kernels.rope import apply_rope  # the Numba twin of refllm.nn.rope.apply_rope
 from refllm.kv import CacheConfig, CacheShape, KVCache, create_cache
 from refllm.models.contract import ModelMetadata, ModelSource
 from refllm.models.weights import KernelLayers, LayerWeights, ModelWeights, assemble
 from refllm.nn.embedding import embed
 from refllm.nn.linear import linear
 from refllm.nn.mlp import gated_mlp
-from refllm.nn.norm import rms_norm
-from refllm.nn.rope import RopeTable, apply_rope
+from refllm.nn.rope import RopeTable
 
 
 class LlamaFamilyModel:
