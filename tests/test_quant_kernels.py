@@ -204,6 +204,16 @@ def test_row_slices_stay_quantized_views(q4_1):
     np.testing.assert_array_equal(part.dequantize(), q4_1.dequantize()[2:7])
 
 
+def test_blocks_are_read_only_views_so_every_tensor_shares_one_compiled_kernel():
+    """Numba compiles per array type, writability included: writable blocks (a copy, a
+    requantized tensor) beside read-only file views would load every kernel twice."""
+    stored = random_blocks("Q4_1", 8, 2, np.random.default_rng(2), 0.0)
+    tensor = QuantizedTensor(stored, "Q4_1", (8, 64))
+    assert not tensor.blocks.flags.writeable and stored.flags.writeable
+    assert np.shares_memory(tensor.blocks, stored)
+    assert numba.typeof(tensor.blocks) == numba.typeof(tensor[2:6].blocks)
+
+
 def test_weight_bytes_by_format_counts_a_shared_array_once(q4_1):
     from refllm.models.weights import ModelWeights
 

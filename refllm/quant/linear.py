@@ -83,7 +83,10 @@ class QuantizedTensor:
                 f"a {format} matrix of shape {shape} is uint8 blocks of shape {(rows, row_bytes)};"
                 f" got {blocks.dtype} {blocks.shape}"
             )
-        self.blocks = np.ascontiguousarray(blocks)
+        # Read-only, like the file-backed blocks of a GGUF: Numba compiles a kernel once per array
+        # type, writability included, and each compiled kernel carries every format's code.
+        self.blocks = np.ascontiguousarray(blocks).view()
+        self.blocks.flags.writeable = False
         self.format = format
         self.shape = (rows, cols)
         self._code = FORMAT_CODES[format]
