@@ -557,25 +557,23 @@ def _vector_dot4(params, lanes16, layout, shared_scale: bool):
     return dot4
 
 
-# Q4_K and Q5_K multiply lane by lane (_walks): as vectors they measured 0.7-0.9x as fast; the rest as vectors.
-_decode_q4_0, _, _sums_q4_0 = _walks(_q4_0_params, _q4_0_lane, _block32_layout)
-_dot4_q4_0 = _vector_dot4(_q4_0_params, _q4_0_lanes16, _block32_layout, True)
-_decode_q4_1, _, _sums_q4_1 = _walks(_q4_1_params, _q4_1_lane, _block32_layout)
-_dot4_q4_1 = _vector_dot4(_q4_1_params, _q4_1_lanes16, _block32_layout, True)
-_decode_q5_0, _, _sums_q5_0 = _walks(_q5_0_params, _q5_0_lane, _block32_layout)
-_dot4_q5_0 = _vector_dot4(_q5_0_params, _q5_0_lanes16, _block32_layout, True)
-_decode_q5_1, _, _sums_q5_1 = _walks(_q5_1_params, _q5_1_lane, _block32_layout)
-_dot4_q5_1 = _vector_dot4(_q5_1_params, _q5_1_lanes16, _block32_layout, True)
-_decode_q8_0, _, _sums_q8_0 = _walks(_q8_0_params, _q8_0_lane, _block32_layout)
-_dot4_q8_0 = _vector_dot4(_q8_0_params, _q8_0_lanes16, _block32_layout, True)
-_decode_q2_k, _, _sums_q2_k = _walks(_q2_k_params, _q2_k_lane, _k_quads_layout)
-_dot4_q2_k = _vector_dot4(_q2_k_params, _q2_k_lanes16, _k_quads_layout, False)
-_decode_q3_k, _, _sums_q3_k = _walks(_q3_k_params, _q3_k_lane, _k_quads_layout)
-_dot4_q3_k = _vector_dot4(_q3_k_params, _q3_k_lanes16, _k_quads_layout, False)
-_decode_q4_k, _dot4_q4_k, _sums_q4_k = _walks(_q4_k_params, _q4_k_lane, _k_pairs_layout)
-_decode_q5_k, _dot4_q5_k, _sums_q5_k = _walks(_q5_k_params, _q5_k_lane, _k_pairs_layout)
-_decode_q6_k, _, _sums_q6_k = _walks(_q6_k_params, _q6_k_lane, _k_quads_layout)
-_dot4_q6_k = _vector_dot4(_q6_k_params, _q6_k_lanes16, _k_quads_layout, False)
+def _format_walks(params, lane, layout, lanes16=None, shared_scale: bool = False):
+    """-> (decode, dot4, sums) of one format: dot4 on vectors where it has ``lanes16``, else the lane loop."""
+    decode, lane_dot4, sums = _walks(params, lane, layout)
+    return decode, lane_dot4 if lanes16 is None else _vector_dot4(params, lanes16, layout, shared_scale), sums
+
+
+# Q4_K and Q5_K multiply lane by lane: as vectors they measured 0.7-0.9x as fast.
+_decode_q4_0, _dot4_q4_0, _sums_q4_0 = _format_walks(_q4_0_params, _q4_0_lane, _block32_layout, _q4_0_lanes16, True)
+_decode_q4_1, _dot4_q4_1, _sums_q4_1 = _format_walks(_q4_1_params, _q4_1_lane, _block32_layout, _q4_1_lanes16, True)
+_decode_q5_0, _dot4_q5_0, _sums_q5_0 = _format_walks(_q5_0_params, _q5_0_lane, _block32_layout, _q5_0_lanes16, True)
+_decode_q5_1, _dot4_q5_1, _sums_q5_1 = _format_walks(_q5_1_params, _q5_1_lane, _block32_layout, _q5_1_lanes16, True)
+_decode_q8_0, _dot4_q8_0, _sums_q8_0 = _format_walks(_q8_0_params, _q8_0_lane, _block32_layout, _q8_0_lanes16, True)
+_decode_q2_k, _dot4_q2_k, _sums_q2_k = _format_walks(_q2_k_params, _q2_k_lane, _k_quads_layout, _q2_k_lanes16)
+_decode_q3_k, _dot4_q3_k, _sums_q3_k = _format_walks(_q3_k_params, _q3_k_lane, _k_quads_layout, _q3_k_lanes16)
+_decode_q4_k, _dot4_q4_k, _sums_q4_k = _format_walks(_q4_k_params, _q4_k_lane, _k_pairs_layout)
+_decode_q5_k, _dot4_q5_k, _sums_q5_k = _format_walks(_q5_k_params, _q5_k_lane, _k_pairs_layout)
+_decode_q6_k, _dot4_q6_k, _sums_q6_k = _format_walks(_q6_k_params, _q6_k_lane, _k_quads_layout, _q6_k_lanes16)
 
 
 @njit(cache=True, fastmath=_SUM)
