@@ -108,8 +108,8 @@ def _tile_4x1(weights: np.ndarray, x: np.ndarray, r: int, t: int, out: np.ndarra
     cols = x.shape[1]
     body = cols - cols % LANES
     s0 = s1 = s2 = s3 = zeros16()
-    # A whole cache line of each row per round (4 vectors, still added in order): DRAM streams the
-    # 4 rows about 8 % faster so than one vector of each row at a time.
+    # A whole cache line of each row per round (4 vectors, still added in order): DRAM streamed
+    # the rows about 8 % faster this way than one vector of each row per round.
     lines = cols - cols % (4 * LANES)
     for start in range(0, lines, 4 * LANES):
         for i in range(start, start + 4 * LANES, LANES):

@@ -16,6 +16,12 @@ from numba.extending import intrinsic, models, register_model
 SUM_FASTMATH = {"reassoc", "contract"}
 
 
+def _address(context, builder, array_type, array, index, pointee: ir.Type):
+    """A pointer to element ``index`` of a contiguous array, counted from its start, as ``pointee``*."""
+    data = context.make_array(array_type)(context, builder, array).data
+    return builder.bitcast(builder.gep(data, [index]), pointee.as_pointer())
+
+
 @intrinsic
 def prefetch(typingctx, array, index):
     """Hint the CPU to fetch the cache line of element ``index`` of a contiguous array, counted
@@ -23,12 +29,10 @@ def prefetch(typingctx, array, index):
     cache levels, data cache). A hint: an address past the array's end is not an error."""
 
     def codegen(context, builder, signature, args):
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        byte_pointer = ir.IntType(8).as_pointer()
+        address = _address(context, builder, signature.args[0], args[0], args[1], ir.IntType(8))
         int32 = ir.IntType(32)
-        hint = ir.FunctionType(ir.VoidType(), [byte_pointer, int32, int32, int32])
-        llvm_prefetch = builder.module.declare_intrinsic("llvm.prefetch", [byte_pointer], hint)
-        address = builder.bitcast(builder.gep(data, [args[1]]), byte_pointer)
+        hint = ir.FunctionType(ir.VoidType(), [address.type, int32, int32, int32])
+        llvm_prefetch = builder.module.declare_intrinsic("llvm.prefetch", [address.type], hint)
         builder.call(llvm_prefetch, [address, int32(0), int32(3), int32(1)])
         return context.get_dummy_value()
 
@@ -92,9 +96,7 @@ def load16(typingctx, array, index):
         return None
 
     def codegen(context, builder, signature, args):
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        address = builder.bitcast(builder.gep(data, [args[1]]), _LANE_VECTOR.as_pointer())
-        return builder.load(address, align=4)
+        return builder.load(_address(context, builder, signature.args[0], args[0], args[1], _LANE_VECTOR), align=4)
 
     return float32x16(array, index), codegen
 
@@ -136,6 +138,13 @@ def sum16(typingctx, lanes):
     return types.float32(lanes), codegen
 
 
+def _splat(builder, value):
+    """A float32 or an int32 in all 16 lanes."""
+    empty = ir.Constant(ir.VectorType(value.type, LANES), ir.Undefined)
+    lanes = builder.insert_element(empty, value, ir.IntType(32)(0))
+    return builder.shuffle_vector(lanes, lanes, ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES))
+
+
 @intrinsic
 def broadcast16(typingctx, value):
     """16 lanes of one float32."""
@@ -143,8 +152,7 @@ def broadcast16(typingctx, value):
         return None
 
     def codegen(context, builder, signature, args):
-        first = builder.insert_element(ir.Constant(_LANE_VECTOR, ir.Undefined), args[0], ir.IntType(32)(0))
-        return builder.shuffle_vector(first, first, ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES))
+        return _splat(builder, args[0])
 
     return float32x16(value), codegen
 
@@ -176,8 +184,7 @@ _INTS = ir.VectorType(ir.IntType(32), LANES)
 
 
 def _bytes_at(context, builder, signature, args):
-    data = context.make_array(signature.args[0])(context, builder, args[0]).data
-    return builder.load(builder.bitcast(builder.gep(data, [args[1]]), _BYTES.as_pointer()), align=1)
+    return builder.load(_address(context, builder, signature.args[0], args[0], args[1], _BYTES), align=1)
 
 
 def _is_byte_row(array) -> bool:
@@ -191,10 +198,6 @@ def _int32(builder, value):
     return builder.zext(value, ir.IntType(32)) if value.type.width < 32 else value
 
 
-def _splat(builder, value):
-    """An int32 in all 16 lanes."""
-    lanes = builder.insert_element(ir.Constant(_INTS, ir.Undefined), value, ir.IntType(32)(0))
-    return builder.shuffle_vector(lanes, lanes, ir.Constant(_INTS, [0] * LANES))
 
 
 @intrinsic

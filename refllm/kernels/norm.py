@@ -18,8 +18,8 @@ from numba import njit
 
 
 @njit(cache=True)
-def _rms_norm_rows(x: np.ndarray, scale: np.ndarray, eps: np.float32) -> np.ndarray:
-    """x [N, D] float32, scale [D] = offset + w -> [N, D]."""
+def _rms_norm_rows(x: np.ndarray, weight: np.ndarray, eps: np.float32, offset: np.float32) -> np.ndarray:
+    """x [N, D] float32, weight [D] -> [N, D]."""
     out = np.empty_like(x)
     for r in range(x.shape[0]):
         total = 0.0
@@ -27,12 +27,12 @@ def _rms_norm_rows(x: np.ndarray, scale: np.ndarray, eps: np.float32) -> np.ndar
             total += np.float64(x[r, i]) * np.float64(x[r, i])
         root = np.sqrt(np.float32(total / x.shape[1]) + eps)
         for i in range(x.shape[1]):
-            out[r, i] = x[r, i] / root * scale[i]
+            out[r, i] = x[r, i] / root * (offset + weight[i])
     return out
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, offset: float = 0.0) -> np.ndarray:
     """x: [..., N] float32, weight: [N] -> [..., N], as ``refllm.nn.norm.rms_norm``."""
     rows = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
-    scale = np.ascontiguousarray(np.float32(offset) + weight, dtype=np.float32)
-    return _rms_norm_rows(rows, scale, np.float32(eps)).reshape(x.shape)
+    weight = np.asarray(weight, dtype=np.float32)
+    return _rms_norm_rows(rows, weight, np.float32(eps), np.float32(offset)).reshape(x.shape)

@@ -61,6 +61,7 @@ import numpy as np
 from numba import njit, prange
 
 from refllm.kernels.intrinsics import (
+    LANES,
     SUM_FASTMATH,
     add16,
     bits16,
@@ -530,7 +531,7 @@ def _vector_dot4(params, lanes16, layout, shared_scale: bool):
         """A row's 16 lane sums and its offset sum, with group g added."""
         base, gap, num_lanes = layout(g)
         a_first, c_first, a_second, c_second, bits = params(row, g)
-        for lane in range(0, num_lanes, 16):
+        for lane in range(0, num_lanes, LANES):
             q_first, q_second = lanes16(row, g, lane, bits)
             x_first, x_second = load16(x, base + lane), load16(x, base + gap + lane)
             if shared_scale:
