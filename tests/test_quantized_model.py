@@ -22,12 +22,12 @@ from __future__ import annotations
 import json
 import warnings
 
+import gguf
 import numpy as np
 import pytest
 
 import refllm
 from refllm import CacheConfig, LlamaFamilyModel
-from refllm.io.gguf import GGUFSource
 from refllm.io.safetensors import HFDirectorySource
 from refllm.models.weights import LayerWeights, ModelWeights, assemble
 from refllm.quant.formats import UnsupportedFormatError
@@ -104,7 +104,7 @@ def test_weight_bytes_by_format_counts_what_the_file_stores(tmp_path):
     path = convert("llama-bias-tied", tmp_path / "model.gguf", "Q8_0")
     model = refllm.load_model(path, quantized=True)
     stored = {}
-    for tensor in GGUFSource(path).reader.tensors:
+    for tensor in gguf.GGUFReader(path).tensors:
         stored[tensor.tensor_type.name] = stored.get(tensor.tensor_type.name, 0) + int(tensor.n_bytes)
     assert weight_bytes_by_format(model.weights) == stored
 

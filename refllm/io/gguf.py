@@ -27,14 +27,19 @@ from __future__ import annotations
 import mmap
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import gguf
 import numpy as np
 
 from refllm.config import ConfigError, ModelConfig
 from refllm.errors import WeightError
-from refllm.io.gguf_tokenizer import MissingTokenizerKeyError, UnsupportedTokenizerError, tokenizer_from_gguf
+from refllm.io.gguf_tokenizer import (
+    MissingTokenizerKeyError,
+    UnsupportedTokenizerError,
+    read_tokenizer_metadata,
+    tokenizer_from_gguf,
+)
 from refllm.quant.formats import FORMATS, dequantize
 from refllm.quant.linear import QuantizedTensor, kernel_reads
 
@@ -157,6 +162,16 @@ def hf_name(gguf_name: str, architecture: str) -> str | None:
 # ---- the source ------------------------------------------------------------------------------------
 
 
+class _Stored(NamedTuple):
+    """One tensor as the file stores it."""
+
+    name: str  # GGUF's name
+    kind: str  # its ggml type: "Q4_1", "F32", ...
+    shape: tuple[int, ...]  # Hugging Face order, outermost first
+    data: np.ndarray  # its bytes, a view of the memory map
+    offset: int  # of its bytes in the file
+
+
 class GGUFSource:
     """A ModelSource for one GGUF file."""
 
@@ -165,17 +180,21 @@ class GGUFSource:
         self.quantized = quantized
         self.reader = self._open()
         self.architecture = self._architecture()
-        self._tensors = self._map_tensors()  # Hugging Face name -> gguf.ReaderTensor
+        self._tensors = self._map_tensors()  # Hugging Face name -> _Stored
         try:
             self.config = ModelConfig.from_hf(self._hf_config())
         except ConfigError as e:
             raise GGUFFileError(f"{self.path}: {e}") from None
-        self.tokenizer = self._tokenizer()
-        # Everything needed from the metadata is read. The parsed fields of a large vocabulary
-        # (262144 tokens for Gemma 3) are hundreds of MB of small arrays; free them before the weights,
-        # and the file pages they were parsed from (the header up to the tensor data).
+        has_tokenizer = "tokenizer.ggml.model" in self.reader.fields
+        tokenizer_metadata = read_tokenizer_metadata(self.reader) if has_tokenizer else None
+        # Everything needed from the header is read. Its parse is a few small arrays per token of the
+        # vocabulary (hundreds of MB for Gemma 3's 262144): free it, and the file pages it was read from,
+        # before anything that outlives the load is allocated, which would otherwise land between the
+        # parse's objects and keep their memory from going back.
         self.reader.fields.clear()
+        self.reader.tensors.clear()
         self.reader.release(0, self.reader.data_offset)
+        self.tokenizer = None if tokenizer_metadata is None else self._tokenizer(tokenizer_metadata)
 
     # ---- ModelSource ----
 
@@ -186,32 +205,31 @@ class GGUFSource:
         """The named tensor in Hugging Face layout, [out, in] for a projection: float32, or its blocks
         (``QuantizedTensor``) when the source is ``quantized`` and a kernel reads the format."""
         stored = self._tensors[name]
-        shape = tuple(int(n) for n in reversed(stored.shape))  # GGUF lists dimensions innermost first
-        kind = stored.tensor_type.name
-        if self.quantized and kernel_reads(kind, shape):
-            rows = QuantizedTensor.from_raw(stored.data, kind, shape).blocks  # [out, row bytes]
+        if self.quantized and kernel_reads(stored.kind, stored.shape):
+            rows = QuantizedTensor.from_raw(stored.data, stored.kind, stored.shape).blocks  # [out, row bytes]
             kept = self._undo_conversion(name, rows)
             if kept is not rows:  # reordered into a copy: the file's rows are read and done with
-                self.reader.release(int(stored.data_offset), rows.nbytes)
-            return QuantizedTensor(kept, kind, shape)
-        return self._undo_conversion(name, self._dequantize(stored, kind, shape))
+                self.reader.release(stored.offset, rows.nbytes)
+            return QuantizedTensor(kept, stored.kind, stored.shape)
+        return self._undo_conversion(name, self._dequantize(stored))
 
     def where(self, name: str | None) -> str:
         if name is None:
             return str(self.path)
         return f"{self.path} (GGUF tensor {self._tensors[name].name!r})"
 
-    def _dequantize(self, stored: Any, kind: str, shape: tuple[int, ...]) -> np.ndarray:
+    def _dequantize(self, stored: _Stored) -> np.ndarray:
         """The tensor in float32, dequantized a band of rows at a time, each band's file pages released once read."""
-        out = np.empty(shape, dtype=np.float32)
-        rows = out.reshape(-1, shape[-1])  # [R, C], a view
+        out = np.empty(stored.shape, dtype=np.float32)
+        rows = out.reshape(-1, stored.shape[-1])  # [R, C], a view
         raw = np.ascontiguousarray(stored.data).reshape(-1).view(np.uint8)
         row_bytes = raw.size // rows.shape[0]
         band = max(1, _BAND_BYTES // row_bytes)
         for start in range(0, rows.shape[0], band):
             stop = min(start + band, rows.shape[0])
-            rows[start:stop] = dequantize(raw[start * row_bytes : stop * row_bytes], kind, (stop - start, shape[-1]))
-            self.reader.release(int(stored.data_offset) + start * row_bytes, (stop - start) * row_bytes)
+            band_shape = (stop - start, stored.shape[-1])
+            rows[start:stop] = dequantize(raw[start * row_bytes : stop * row_bytes], stored.kind, band_shape)
+            self.reader.release(stored.offset + start * row_bytes, (stop - start) * row_bytes)
         return out
 
     # ---- what llama.cpp's converter changed ----
@@ -265,7 +283,7 @@ class GGUFSource:
             )
         return architecture
 
-    def _map_tensors(self) -> dict[str, Any]:
+    def _map_tensors(self) -> dict[str, _Stored]:
         tensors = {}
         for stored in self.reader.tensors:
             name = hf_name(stored.name, self.architecture)
@@ -278,16 +296,15 @@ class GGUFSource:
                     f"{self.path}: tensor {stored.name!r} has type {stored.tensor_type.name}, which refllm cannot"
                     f" dequantize; supported: {', '.join(FORMATS)}"
                 )
-            tensors[name] = stored
+            shape = tuple(int(n) for n in reversed(stored.shape))  # GGUF lists dimensions innermost first
+            tensors[name] = _Stored(stored.name, stored.tensor_type.name, shape, stored.data, int(stored.data_offset))
         if "model.embed_tokens.weight" not in tensors or len(tensors["model.embed_tokens.weight"].shape) != 2:
             raise GGUFFileError(f"{self.path} has no 2-D tensor 'token_embd.weight'")
         return tensors
 
-    def _tokenizer(self):
-        if "tokenizer.ggml.model" not in self.reader.fields:
-            return None
+    def _tokenizer(self, metadata: dict[str, Any]):
         try:
-            return tokenizer_from_gguf(self.reader)
+            return tokenizer_from_gguf(metadata)
         except (UnsupportedTokenizerError, MissingTokenizerKeyError) as e:
             raise GGUFFileError(f"{self.path}: its tokenizer cannot be built: {e}") from None
 
@@ -311,7 +328,7 @@ class GGUFSource:
             raise GGUFFileError(f"{self.path}: key length {head_dim} and value length {value_dim} differ")
         config: dict[str, Any] = dict(
             model_type=_MODEL_TYPES[arch],
-            vocab_size=int(self._tensors["model.embed_tokens.weight"].shape[-1]),  # token_embd is [D, V] in GGUF
+            vocab_size=int(self._tensors["model.embed_tokens.weight"].shape[0]),  # [V, D]
             hidden_size=hidden_size,
             intermediate_size=int(self._require(key("feed_forward_length"))),
             num_hidden_layers=int(self._require(key("block_count"))),

@@ -148,11 +148,14 @@ def read_tokenizer_metadata(reader_or_path: gguf.GGUFReader | str | os.PathLike[
     }
 
 
-def tokenizer_from_gguf(reader_or_path: gguf.GGUFReader | str | os.PathLike[str]) -> RefllmTokenizer:
-    """refllm's `Tokenizer` for a GGUF file (or a `gguf.GGUFReader` already open on one)."""
+def tokenizer_from_gguf(
+    source: gguf.GGUFReader | str | os.PathLike[str] | Mapping[str, Any],
+) -> RefllmTokenizer:
+    """refllm's `Tokenizer` for a GGUF file, a `gguf.GGUFReader` already open on one, or the
+    plain values `read_tokenizer_metadata` read from one."""
     from refllm.io.tokenizer import Tokenizer as RefllmTokenizer
 
-    backend, info = backend_from_gguf(read_tokenizer_metadata(reader_or_path))
+    backend, info = backend_from_gguf(source if isinstance(source, Mapping) else read_tokenizer_metadata(source))
     return RefllmTokenizer(
         backend,
         bos_token=info.bos_token,
