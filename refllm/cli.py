@@ -300,7 +300,7 @@ def _storage(source: ModelSource) -> tuple[str, str]:
     """-> (file format, size on disk and path; how many tensors of each type: GGML type or safetensors dtype)."""
     if isinstance(source, GGUFSource):
         kind, path, files = "GGUF", source.path, {source.path}
-        types = Counter(tensor.tensor_type.name for tensor in source.reader.tensors)
+        types = Counter(tensor.type.name for tensor in source.stored_tensors)
     else:
         entries = source.checkpoint.entries.values()
         kind, path, files = "safetensors", source.directory, {entry.file for entry in entries}
@@ -431,9 +431,8 @@ def weight_bytes(source: ModelSource, quantized: bool) -> int:
     if not (quantized and isinstance(source, GGUFSource)):
         return 4 * source.config.num_parameters
     total = 0
-    for tensor in source.reader.tensors:
-        shape = tuple(int(n) for n in reversed(tensor.shape))
-        total += int(tensor.n_bytes) if kernel_reads(tensor.tensor_type.name, shape) else 4 * int(tensor.n_elements)
+    for tensor in source.stored_tensors:
+        total += tensor.nbytes if kernel_reads(tensor.type.name, tensor.shape) else 4 * tensor.num_elements
     return total
 
 

@@ -22,7 +22,6 @@ from refllm.io.gguf import (
     GEMMA3_LOCAL_ROPE_THETA,
     GGUFFileError,
     GGUFSource,
-    _Reader,
     hf_name,
     permute,
     reverse_permute,
@@ -201,9 +200,9 @@ def test_a_quantized_load_releases_the_header_and_the_rows_it_copied(tmp_path, m
     """The kept blocks are views of the file, except llama's q/k rows, reordered into copies: their
     file pages, and the header's once parsed, are dropped from the resident set; no others."""
     released = []
-    monkeypatch.setattr(_Reader, "release", lambda self, offset, size: released.append((offset, size)))
+    monkeypatch.setattr(GGUFSource, "release", lambda self, offset, size: released.append((offset, size)))
     source = GGUFSource(convert("llama", tmp_path / "q.gguf", "Q8_0"), quantized=True)
-    assert released == [(0, source.reader.data_offset)]
+    assert released == [(0, source.header.data_offset)]
     kept = {True: 0, False: 0}  # quantized tensors checked, copied or not
     for name in source.tensor_names():
         released.clear()
@@ -213,16 +212,6 @@ def test_a_quantized_load_releases_the_header_and_the_rows_it_copied(tmp_path, m
             kept[copied] += 1
             assert released == ([(source._tensors[name].offset, tensor.blocks.nbytes)] if copied else [])
     assert kept[True] and kept[False]
-
-
-def test_the_header_parse_is_freed_once_the_source_is_open(tmp_path):
-    """gguf's reader parses the header into small arrays (a few per vocabulary token); the source
-    keeps none of them, and still has every tensor."""
-    path = convert("llama", tmp_path / "q.gguf", "Q8_0")
-    source = GGUFSource(path, quantized=True)
-    assert source.reader.fields == {} and source.reader.tensors == []
-    assert sorted(source.tensor_names()) == sorted(hf_name(t.name, "llama") for t in gguf.GGUFReader(path).tensors)
-    assert all(source.tensor(name) is not None for name in source.tensor_names())
 
 
 def test_tied_embeddings_follow_from_a_missing_output_tensor(tmp_path):

@@ -1,7 +1,7 @@
 """GGUF files as a ModelSource: llama.cpp's metadata, names and layouts turned back into Hugging Face's.
 
-``gguf.GGUFReader`` reads the container. This module maps what it finds onto
-what ``refllm/models`` expects from any checkpoint:
+``refllm/io/gguf_header.py`` reads the container's header. This module maps what
+it finds onto what ``refllm/models`` expects from any checkpoint:
 
 - metadata (``llama.block_count``, ``tokenizer.ggml.bos_token_id``, ...) to the
   keys of a Hugging Face ``config.json``, read by ``ModelConfig.from_hf``;
@@ -26,19 +26,20 @@ from __future__ import annotations
 
 import mmap
 import re
+import struct
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-import gguf
 import numpy as np
 
 from refllm.config import ConfigError, ModelConfig
 from refllm.errors import WeightError
+from refllm.io.gguf_header import GGUFHeader, TensorInfo, read_header
 from refllm.io.gguf_tokenizer import (
     MissingTokenizerKeyError,
     UnsupportedTokenizerError,
-    read_tokenizer_metadata,
     tokenizer_from_gguf,
+    tokenizer_metadata,
 )
 from refllm.quant.formats import FORMATS, dequantize
 from refllm.quant.linear import QuantizedTensor, kernel_reads
@@ -59,32 +60,6 @@ _BAND_BYTES = 8 << 20  # stored bytes dequantized at a time: bounds the file pag
 class GGUFFileError(WeightError):
     """A GGUF file refllm cannot load: unreadable, truncated or corrupt, or of an
     architecture, tensor or tensor type it does not support."""
-
-
-class _Reader(gguf.GGUFReader):
-    """``gguf.GGUFReader`` slicing a plain ndarray view of its memory map.
-
-    The reader slices its map once per metadata value, and slicing an
-    ``np.memmap`` runs Python-level bookkeeping each time: for Gemma 3's
-    262144-token vocabulary that was 80% of the time to open the file.
-    The view shares the map's memory; nothing is read eagerly.
-    """
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name == "data" and isinstance(value, np.memmap):
-            self._map = value._mmap
-            value = value.view(np.ndarray)
-        super().__setattr__(name, value)
-
-    def release(self, offset: int, size: int) -> None:
-        """Drop the file pages of ``size`` bytes from ``offset``, already read, from this process's resident set.
-
-        They would otherwise stay counted until the file is closed, adding the
-        whole file to the peak memory of a load. The map is read-only and
-        file-backed, so a later read simply faults the pages back in.
-        """
-        start = offset - offset % mmap.PAGESIZE
-        self._map.madvise(mmap.MADV_DONTNEED, start, offset + size - start)
 
 
 # ---- the q/k row permutation of llama files -------------------------------------------------------
@@ -162,39 +137,37 @@ def hf_name(gguf_name: str, architecture: str) -> str | None:
 # ---- the source ------------------------------------------------------------------------------------
 
 
-class _Stored(NamedTuple):
-    """One tensor as the file stores it."""
-
-    name: str  # GGUF's name
-    kind: str  # its ggml type: "Q4_1", "F32", ...
-    shape: tuple[int, ...]  # Hugging Face order, outermost first
-    data: np.ndarray  # its bytes, a view of the memory map
-    offset: int  # of its bytes in the file
-
-
 class GGUFSource:
     """A ModelSource for one GGUF file."""
 
     def __init__(self, path: str | Path, quantized: bool = False):
         self.path = Path(path)
         self.quantized = quantized
-        self.reader = self._open()
+        self._map, self.header = self._open()
+        self.metadata = self.header.metadata
         self.architecture = self._architecture()
-        self._tensors = self._map_tensors()  # Hugging Face name -> _Stored
+        self._tensors = self._map_tensors()  # Hugging Face name -> TensorInfo
         try:
             self.config = ModelConfig.from_hf(self._hf_config())
         except ConfigError as e:
             raise GGUFFileError(f"{self.path}: {e}") from None
-        has_tokenizer = "tokenizer.ggml.model" in self.reader.fields
-        tokenizer_metadata = read_tokenizer_metadata(self.reader) if has_tokenizer else None
-        # Everything needed from the header is read. Its parse is a few small arrays per token of the
-        # vocabulary (hundreds of MB for Gemma 3's 262144): free it, and the file pages it was read from,
-        # before anything that outlives the load is allocated, which would otherwise land between the
-        # parse's objects and keep their memory from going back.
-        self.reader.fields.clear()
-        self.reader.tensors.clear()
-        self.reader.release(0, self.reader.data_offset)
-        self.tokenizer = None if tokenizer_metadata is None else self._tokenizer(tokenizer_metadata)
+        self.tokenizer = self._tokenizer()
+        self.release(0, self.header.data_offset)  # the header's pages: read, and done with
+
+    @property
+    def stored_tensors(self) -> list[TensorInfo]:
+        """The file's tensor table, as stored."""
+        return self.header.tensors
+
+    def release(self, offset: int, size: int) -> None:
+        """Drop the file pages of ``size`` bytes from ``offset``, already read, from this process's resident set.
+
+        They would otherwise stay counted until the file is closed, adding the
+        whole file to the peak memory of a load. The map is read-only and
+        file-backed, so a later read simply faults the pages back in.
+        """
+        start = offset - offset % mmap.PAGESIZE
+        self._map.madvise(mmap.MADV_DONTNEED, start, offset + size - start)
 
     # ---- ModelSource ----
 
@@ -205,12 +178,13 @@ class GGUFSource:
         """The named tensor in Hugging Face layout, [out, in] for a projection: float32, or its blocks
         (``QuantizedTensor``) when the source is ``quantized`` and a kernel reads the format."""
         stored = self._tensors[name]
-        if self.quantized and kernel_reads(stored.kind, stored.shape):
-            rows = QuantizedTensor.from_raw(stored.data, stored.kind, stored.shape).blocks  # [out, row bytes]
+        kind = stored.type.name
+        if self.quantized and kernel_reads(kind, stored.shape):
+            rows = QuantizedTensor.from_raw(self._bytes(stored), kind, stored.shape).blocks  # [out, row bytes]
             kept = self._undo_conversion(name, rows)
             if kept is not rows:  # reordered into a copy: the file's rows are read and done with
-                self.reader.release(stored.offset, rows.nbytes)
-            return QuantizedTensor(kept, stored.kind, stored.shape)
+                self.release(stored.offset, rows.nbytes)
+            return QuantizedTensor(kept, kind, stored.shape)
         return self._undo_conversion(name, self._dequantize(stored))
 
     def where(self, name: str | None) -> str:
@@ -218,18 +192,22 @@ class GGUFSource:
             return str(self.path)
         return f"{self.path} (GGUF tensor {self._tensors[name].name!r})"
 
-    def _dequantize(self, stored: _Stored) -> np.ndarray:
+    def _bytes(self, stored: TensorInfo) -> np.ndarray:
+        """A tensor's stored bytes, [nbytes] uint8: a read-only view of the map."""
+        return np.frombuffer(self._map, np.uint8, stored.nbytes, stored.offset)
+
+    def _dequantize(self, stored: TensorInfo) -> np.ndarray:
         """The tensor in float32, dequantized a band of rows at a time, each band's file pages released once read."""
         out = np.empty(stored.shape, dtype=np.float32)
         rows = out.reshape(-1, stored.shape[-1])  # [R, C], a view
-        raw = np.ascontiguousarray(stored.data).reshape(-1).view(np.uint8)
+        raw = self._bytes(stored)
         row_bytes = raw.size // rows.shape[0]
         band = max(1, _BAND_BYTES // row_bytes)
         for start in range(0, rows.shape[0], band):
             stop = min(start + band, rows.shape[0])
             band_shape = (stop - start, stored.shape[-1])
-            rows[start:stop] = dequantize(raw[start * row_bytes : stop * row_bytes], stored.kind, band_shape)
-            self.reader.release(stored.offset + start * row_bytes, (stop - start) * row_bytes)
+            rows[start:stop] = dequantize(raw[start * row_bytes : stop * row_bytes], stored.type.name, band_shape)
+            self.release(stored.offset + start * row_bytes, (stop - start) * row_bytes)
         return out
 
     # ---- what llama.cpp's converter changed ----
@@ -250,21 +228,22 @@ class GGUFSource:
 
     # ---- reading the file ----
 
-    def _open(self) -> gguf.GGUFReader:
+    def _open(self) -> tuple[mmap.mmap, GGUFHeader]:
         if not self.path.is_file():
             raise GGUFFileError(f"{self.path}: no such file")
         try:
-            return _Reader(self.path)
-        except (ValueError, IndexError, KeyError, OverflowError) as e:
-            # gguf's reader fails on a truncated or corrupt file in whichever way its
-            # parsing happens to trip: a short read, an unknown type, undecodable text.
+            with open(self.path, "rb") as file:
+                mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+            return mapped, read_header(mapped)
+        except (ValueError, IndexError, KeyError, OverflowError, struct.error) as e:
+            # A truncated or corrupt header trips the reader wherever its bytes stop making sense:
+            # a short read, an unknown type code, undecodable text.
             raise GGUFFileError(f"{self.path} is not a readable GGUF file (truncated or corrupt?): {e}") from None
         except OSError as e:
             raise GGUFFileError(f"{self.path} cannot be read: {e}") from None
 
     def _value(self, key: str, default: Any = None) -> Any:
-        field = self.reader.fields.get(key)
-        return default if field is None else field.contents()
+        return self.metadata.get(key, default)
 
     def _require(self, key: str) -> Any:
         value = self._value(key)
@@ -283,28 +262,29 @@ class GGUFSource:
             )
         return architecture
 
-    def _map_tensors(self) -> dict[str, _Stored]:
+    def _map_tensors(self) -> dict[str, TensorInfo]:
         tensors = {}
-        for stored in self.reader.tensors:
+        for stored in self.header.tensors:
             name = hf_name(stored.name, self.architecture)
             if name is None:
                 raise GGUFFileError(
                     f"{self.path}: tensor {stored.name!r} has no counterpart in refllm's {self.architecture} model"
                 )
-            if stored.tensor_type.name not in FORMATS:
+            if stored.type.name not in FORMATS:
                 raise GGUFFileError(
-                    f"{self.path}: tensor {stored.name!r} has type {stored.tensor_type.name}, which refllm cannot"
+                    f"{self.path}: tensor {stored.name!r} has type {stored.type.name}, which refllm cannot"
                     f" dequantize; supported: {', '.join(FORMATS)}"
                 )
-            shape = tuple(int(n) for n in reversed(stored.shape))  # GGUF lists dimensions innermost first
-            tensors[name] = _Stored(stored.name, stored.tensor_type.name, shape, stored.data, int(stored.data_offset))
+            tensors[name] = stored
         if "model.embed_tokens.weight" not in tensors or len(tensors["model.embed_tokens.weight"].shape) != 2:
             raise GGUFFileError(f"{self.path} has no 2-D tensor 'token_embd.weight'")
         return tensors
 
-    def _tokenizer(self, metadata: dict[str, Any]):
+    def _tokenizer(self):
+        if "tokenizer.ggml.model" not in self.metadata:
+            return None
         try:
-            return tokenizer_from_gguf(metadata)
+            return tokenizer_from_gguf(tokenizer_metadata(self.metadata))
         except (UnsupportedTokenizerError, MissingTokenizerKeyError) as e:
             raise GGUFFileError(f"{self.path}: its tokenizer cannot be built: {e}") from None
 

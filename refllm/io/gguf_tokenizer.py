@@ -29,8 +29,6 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 from refllm.errors import RefllmKeyError
 
 if TYPE_CHECKING:
-    import gguf
-
     from refllm.io.tokenizer import Tokenizer as RefllmTokenizer
 
 # llama.cpp's token types (gguf.TokenType), by value.
@@ -136,23 +134,24 @@ class GGUFTokenizerInfo:
     chat_template: str | None
 
 
-def read_tokenizer_metadata(reader_or_path: gguf.GGUFReader | str | os.PathLike[str]) -> dict[str, Any]:
-    """The file's `tokenizer.*` keys and `general.architecture`, as plain Python values."""
-    import gguf
+def read_tokenizer_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The `tokenizer.*` keys and `general.architecture` of a GGUF file, as plain Python values."""
+    import mmap
 
-    reader = reader_or_path if isinstance(reader_or_path, gguf.GGUFReader) else gguf.GGUFReader(reader_or_path)
-    return {
-        name: field.contents()
-        for name, field in reader.fields.items()
-        if name.startswith("tokenizer.") or name == "general.architecture"
-    }
+    from refllm.io.gguf_header import read_header
+
+    with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        return tokenizer_metadata(read_header(mapped).metadata)
 
 
-def tokenizer_from_gguf(
-    source: gguf.GGUFReader | str | os.PathLike[str] | Mapping[str, Any],
-) -> RefllmTokenizer:
-    """refllm's `Tokenizer` for a GGUF file, a `gguf.GGUFReader` already open on one, or the
-    plain values `read_tokenizer_metadata` read from one."""
+def tokenizer_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys of a GGUF file's metadata that describe its tokenizer."""
+    wanted = (key for key in metadata if key.startswith("tokenizer.") or key == "general.architecture")
+    return {key: metadata[key] for key in wanted}
+
+
+def tokenizer_from_gguf(source: str | os.PathLike[str] | Mapping[str, Any]) -> RefllmTokenizer:
+    """refllm's `Tokenizer` for a GGUF file, or for the metadata `tokenizer_metadata` picked from one."""
     from refllm.io.tokenizer import Tokenizer as RefllmTokenizer
 
     backend, info = backend_from_gguf(source if isinstance(source, Mapping) else read_tokenizer_metadata(source))

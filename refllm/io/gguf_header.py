@@ -1,0 +1,157 @@
+"""The header of a GGUF file, read into plain Python values: its metadata and its tensor table.
+
+A GGUF file is (``docs/gguf.md`` in ggml; gguf-py writes it, ``gguf.constants`` names its codes)
+
+    magic "GGUF" | version u32 | tensor count u64 | metadata count u64
+    metadata:     key string | value type u32 | value
+    tensor table: name string | n_dims u32 | dims u64[n_dims], innermost first | ggml type u32 | offset u64
+    padding to ``general.alignment`` (32), then the tensor data, each tensor at data start + offset
+
+where a string is a u64 byte count and UTF-8 bytes, and a value is a scalar, a string, or an
+array: item type u32, count u64, the items. Every number is little-endian, or big-endian in a
+file written for a big-endian machine (its version then reads as a multiple of 65536).
+
+``gguf.GGUFReader`` turns every value into NumPy views of the file, several per item of an
+array. A vocabulary is arrays of one item per token, so for Gemma 3's 262144 tokens that is
+over a million small objects, seconds of parsing and hundreds of MB that, freed, leave the
+allocator's arenas fragmented by whatever was allocated meanwhile. refllm needs the values,
+not views: this reader makes one Python object per value (numeric arrays come out whole,
+through ``np.frombuffer``) and gives the same values as the reader's ``contents()``
+(tests/test_gguf_header.py holds them to it on every file the tests write).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGMLQuantizationType, GGUFValueType
+
+SUPPORTED_VERSIONS = (2, 3)
+
+# Scalar value types as NumPy dtype codes, before the byte order.
+_SCALARS = {
+    GGUFValueType.UINT8: "u1", GGUFValueType.INT8: "i1", GGUFValueType.UINT16: "u2", GGUFValueType.INT16: "i2",
+    GGUFValueType.UINT32: "u4", GGUFValueType.INT32: "i4", GGUFValueType.UINT64: "u8", GGUFValueType.INT64: "i8",
+    GGUFValueType.FLOAT32: "f4", GGUFValueType.FLOAT64: "f8", GGUFValueType.BOOL: "?",
+}  # fmt: skip
+
+
+class GGUFHeaderError(ValueError):
+    """Bytes that are not the header of a GGUF file refllm can read."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One row of the tensor table."""
+
+    name: str
+    shape: tuple[int, ...]  # outermost first, as NumPy (the file lists dimensions innermost first)
+    type: GGMLQuantizationType
+    offset: int  # of its first byte, from the start of the file
+    nbytes: int
+
+    @property
+    def num_elements(self) -> int:
+        return int(np.prod(self.shape))
+
+
+@dataclass(frozen=True)
+class GGUFHeader:
+    metadata: dict[str, Any]  # key -> int, float, bool, str, or a list of them
+    tensors: list[TensorInfo]
+    data_offset: int  # where the tensor data starts
+
+
+def read_header(data: np.ndarray | bytes) -> GGUFHeader:
+    """The header of the GGUF file whose bytes are ``data`` (a uint8 memory map of it, say).
+
+    Raises GGUFHeaderError for a file that is not GGUF, of a version this reader does not know,
+    or cut short; struct.error and UnicodeDecodeError can escape from corrupt bytes.
+    """
+    return _HeaderReader(memoryview(data).cast("B")).read()
+
+
+class _HeaderReader:
+    def __init__(self, data: memoryview):
+        self.data = data
+        self.position = 0
+        self.order = "<"
+
+    def read(self) -> GGUFHeader:
+        if len(self.data) < 8 or struct.unpack_from("<I", self.data, 0)[0] != GGUF_MAGIC:
+            raise GGUFHeaderError("no GGUF magic at the start")
+        version = struct.unpack_from("<I", self.data, 4)[0]
+        if version & 0xFFFF == 0:  # written on a machine of the other byte order
+            self.order = ">"
+            version = struct.unpack_from(">I", self.data, 4)[0]
+        if version not in SUPPORTED_VERSIONS:
+            raise GGUFHeaderError(f"GGUF version {version}; this reader knows {SUPPORTED_VERSIONS}")
+        self.position = 8
+        num_tensors, num_values = self._unpack("QQ")
+        metadata = {}
+        for _ in range(num_values):
+            key = self._string()
+            metadata[key] = self._value(GGUFValueType(self._unpack("I")[0]))
+        table = [self._tensor_row() for _ in range(num_tensors)]
+        alignment = metadata.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)
+        if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+            raise GGUFHeaderError(f"general.alignment is {alignment!r}, not a power of two")
+        data_offset = -(-self.position // alignment) * alignment
+        tensors = [
+            TensorInfo(name, shape, kind, data_offset + offset, self._tensor_bytes(name, shape, kind))
+            for name, shape, kind, offset in table
+        ]
+        for tensor in tensors:
+            if tensor.offset + tensor.nbytes > len(self.data):
+                raise GGUFHeaderError(f"tensor {tensor.name!r} runs past the end of the file")
+        return GGUFHeader(metadata, tensors, data_offset)
+
+    def _unpack(self, formats: str) -> tuple:
+        values = struct.unpack_from(self.order + formats, self.data, self.position)
+        self.position += struct.calcsize(self.order + formats)
+        return values
+
+    def _string(self) -> str:
+        (size,) = self._unpack("Q")
+        end = self.position + size
+        if end > len(self.data):
+            raise GGUFHeaderError(f"a string of {size} bytes at byte {self.position} runs past the end of the file")
+        text = str(self.data[self.position : end], "utf-8")
+        self.position = end
+        return text
+
+    def _value(self, kind: GGUFValueType) -> Any:
+        if kind == GGUFValueType.STRING:
+            return self._string()
+        if kind == GGUFValueType.ARRAY:
+            item_kind, count = GGUFValueType(self._unpack("I")[0]), self._unpack("Q")[0]
+            if item_kind in _SCALARS:
+                return self._numbers(item_kind, count).tolist()
+            return [self._value(item_kind) for _ in range(count)]
+        return self._numbers(kind, 1).tolist()[0]
+
+    def _numbers(self, kind: GGUFValueType, count: int) -> np.ndarray:
+        dtype = np.dtype(self.order + _SCALARS[kind])
+        if self.position + count * dtype.itemsize > len(self.data):
+            raise GGUFHeaderError(f"{count} values at byte {self.position} run past the end of the file")
+        numbers = np.frombuffer(self.data, dtype, count, self.position)
+        self.position += numbers.nbytes
+        return numbers
+
+    def _tensor_row(self) -> tuple[str, tuple[int, ...], GGMLQuantizationType, int]:
+        name = self._string()
+        (num_dims,) = self._unpack("I")
+        dims = self._unpack("Q" * num_dims)
+        kind, offset = self._unpack("IQ")
+        return name, tuple(reversed(dims)), GGMLQuantizationType(kind), offset
+
+    @staticmethod
+    def _tensor_bytes(name: str, shape: tuple[int, ...], kind: GGMLQuantizationType) -> int:
+        block_size, type_size = GGML_QUANT_SIZES[kind]
+        elements = int(np.prod(shape))
+        if elements % block_size:
+            raise GGUFHeaderError(f"tensor {name!r} of {elements} elements is not whole {kind.name} blocks")
+        return elements // block_size * type_size
