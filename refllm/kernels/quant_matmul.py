@@ -513,13 +513,15 @@ def _walks(params, lane, layout):
     return decode, dot4, sums
 
 
-def _vector_dot4(params, lanes16, layout, shared_scale: bool):
+def _vector_dot4(params, lanes16, layout, shared_scale: bool, offset: bool):
     """-> dot4 of one format, its lanes as 16-wide vectors (``refllm/kernels/intrinsics.py``).
 
     Per group, sum_j (a q_j + c) x_j = a (sum_j q_j x_j) + c (sum_j x_j). Each row keeps 16 lane
     sums of a (q x) across its groups and one scalar sum of c (sum x), and adds its lanes once at
     the end. ``shared_scale``: both weights of a lane have the same a (the 32-weight blocks), so
-    a multiplies their two products at once. Left to LLVM, a lane loop added up its lanes in
+    a multiplies their two products at once. ``offset``: the format's weights have an offset
+    c (without one, c = -0.0 adds nothing, and skipping its sums took 7% off the Q8_0 LM head's
+    time). Left to LLVM, a lane loop added up its lanes in
     every group: spelled out, the product streams 1.4 to 1.7x the weights per second of that
     one for the 32-weight formats (one core and two, 1536 x 576 matrices from DRAM; Q4_1 from
     13.6 to 21.9 G/s on two), 1.6x for Q2_K and Q3_K, 1.9x for Q6_K (1536 x 1024). Q4_K and
@@ -540,7 +542,9 @@ def _vector_dot4(params, lanes16, layout, shared_scale: bool):
             else:
                 lanes = multiply_add16(broadcast16(a_second), mul16(q_second, x_second), lanes)
                 lanes = multiply_add16(broadcast16(a_first), mul16(q_first, x_first), lanes)
-        return lanes, offsets + (c_first * x_sums[g, 0] + c_second * x_sums[g, 1])
+        if offset:
+            offsets += c_first * x_sums[g, 0] + c_second * x_sums[g, 1]
+        return lanes, offsets
 
     @njit
     def dot4(rows: tuple, x: np.ndarray, x_sums: np.ndarray) -> tuple[np.float32, np.float32, np.float32, np.float32]:
@@ -558,23 +562,40 @@ def _vector_dot4(params, lanes16, layout, shared_scale: bool):
     return dot4
 
 
-def _format_walks(params, lane, layout, lanes16=None, shared_scale: bool = False):
+def _format_walks(params, lane, layout, lanes16=None, shared_scale: bool = False, offset: bool = True):
     """-> (decode, dot4, sums) of one format: dot4 on vectors where it has ``lanes16``, else the lane loop."""
     decode, lane_dot4, sums = _walks(params, lane, layout)
-    return decode, lane_dot4 if lanes16 is None else _vector_dot4(params, lanes16, layout, shared_scale), sums
+    if lanes16 is None:
+        return decode, lane_dot4, sums
+    return decode, _vector_dot4(params, lanes16, layout, shared_scale, offset), sums
 
 
-# Q4_K and Q5_K multiply lane by lane: as vectors they measured 0.7-0.9x as fast.
-_decode_q4_0, _dot4_q4_0, _sums_q4_0 = _format_walks(_q4_0_params, _q4_0_lane, _block32_layout, _q4_0_lanes16, True)
-_decode_q4_1, _dot4_q4_1, _sums_q4_1 = _format_walks(_q4_1_params, _q4_1_lane, _block32_layout, _q4_1_lanes16, True)
-_decode_q5_0, _dot4_q5_0, _sums_q5_0 = _format_walks(_q5_0_params, _q5_0_lane, _block32_layout, _q5_0_lanes16, True)
-_decode_q5_1, _dot4_q5_1, _sums_q5_1 = _format_walks(_q5_1_params, _q5_1_lane, _block32_layout, _q5_1_lanes16, True)
-_decode_q8_0, _dot4_q8_0, _sums_q8_0 = _format_walks(_q8_0_params, _q8_0_lane, _block32_layout, _q8_0_lanes16, True)
+# Q4_K and Q5_K multiply lane by lane: as vectors they measured 0.7-0.9x as fast. Q4_0, Q5_0, Q8_0,
+# Q3_K and Q6_K weights have no offset (w = a q).
+_decode_q4_0, _dot4_q4_0, _sums_q4_0 = _format_walks(
+    _q4_0_params, _q4_0_lane, _block32_layout, _q4_0_lanes16, shared_scale=True, offset=False
+)
+_decode_q4_1, _dot4_q4_1, _sums_q4_1 = _format_walks(
+    _q4_1_params, _q4_1_lane, _block32_layout, _q4_1_lanes16, shared_scale=True
+)
+_decode_q5_0, _dot4_q5_0, _sums_q5_0 = _format_walks(
+    _q5_0_params, _q5_0_lane, _block32_layout, _q5_0_lanes16, shared_scale=True, offset=False
+)
+_decode_q5_1, _dot4_q5_1, _sums_q5_1 = _format_walks(
+    _q5_1_params, _q5_1_lane, _block32_layout, _q5_1_lanes16, shared_scale=True
+)
+_decode_q8_0, _dot4_q8_0, _sums_q8_0 = _format_walks(
+    _q8_0_params, _q8_0_lane, _block32_layout, _q8_0_lanes16, shared_scale=True, offset=False
+)
 _decode_q2_k, _dot4_q2_k, _sums_q2_k = _format_walks(_q2_k_params, _q2_k_lane, _k_quads_layout, _q2_k_lanes16)
-_decode_q3_k, _dot4_q3_k, _sums_q3_k = _format_walks(_q3_k_params, _q3_k_lane, _k_quads_layout, _q3_k_lanes16)
+_decode_q3_k, _dot4_q3_k, _sums_q3_k = _format_walks(
+    _q3_k_params, _q3_k_lane, _k_quads_layout, _q3_k_lanes16, offset=False
+)
 _decode_q4_k, _dot4_q4_k, _sums_q4_k = _format_walks(_q4_k_params, _q4_k_lane, _k_pairs_layout)
 _decode_q5_k, _dot4_q5_k, _sums_q5_k = _format_walks(_q5_k_params, _q5_k_lane, _k_pairs_layout)
-_decode_q6_k, _dot4_q6_k, _sums_q6_k = _format_walks(_q6_k_params, _q6_k_lane, _k_quads_layout, _q6_k_lanes16)
+_decode_q6_k, _dot4_q6_k, _sums_q6_k = _format_walks(
+    _q6_k_params, _q6_k_lane, _k_quads_layout, _q6_k_lanes16, offset=False
+)
 
 
 @njit(cache=True, fastmath=_SUM)
