@@ -2,8 +2,8 @@
 
 The architectures differ only by flags in ``ModelConfig``; ``forward`` follows
 one token's path and each step is a call into ``refllm/nn`` or its kernel twin
-(RMSNorm and RoPE in ``refllm/kernels``; the projections and attention reach
-theirs through their weights and the cache):
+(RMSNorm, RoPE and the MLP's activation in ``refllm/kernels``; the projections and
+attention reach theirs through their weights and the cache):
 
     ids -> embed -> for each layer:
                         norm -> q, k, v projections -> (q/k norm) -> RoPE
@@ -23,6 +23,7 @@ import numpy as np
 from refllm.config import ModelConfig
 from refllm.errors import ContextLengthError, InvalidInputError, PositionError, TokenOutOfRangeError
 from refllm.kernels import blas_on_calling_thread
+from refllm.kernels.activation import gated  # the Numba twin of refllm.nn.mlp.gated
 from refllm.kernels.dense_matmul import for_kernels
 from refllm.kernels.norm import rms_norm  # the Numba twin of refllm.nn.norm.rms_norm
 from refllm.kernels.rope import apply_rope  # the Numba twin of refllm.nn.rope.apply_rope
@@ -31,7 +32,6 @@ from refllm.models.contract import ModelMetadata, ModelSource
 from refllm.models.weights import KernelLayers, LayerWeights, ModelWeights, assemble
 from refllm.nn.embedding import embed
 from refllm.nn.linear import linear
-from refllm.nn.mlp import gated_mlp
 from refllm.nn.rope import RopeTable
 
 
@@ -152,10 +152,9 @@ class LlamaFamilyModel:
         x = x + h
         # Llama's post_attention_layernorm is the pre-MLP norm; Gemma names it pre_feedforward_layernorm.
         h = self._norm(x, w.pre_feedforward_layernorm if sandwich else w.post_attention_layernorm)
-        h = gated_mlp(
-            h, w.gate_proj, w.up_proj, w.down_proj, self.config.hidden_act,
-            w.gate_proj_bias, w.up_proj_bias, w.down_proj_bias,
-        )  # fmt: skip
+        # refllm.nn.mlp.gated_mlp, spelled out for the kernel twin of its activation
+        gate, up = linear(h, w.gate_proj, w.gate_proj_bias), linear(h, w.up_proj, w.up_proj_bias)
+        h = linear(gated(gate, up, self.config.hidden_act), w.down_proj, w.down_proj_bias)
         if sandwich:
             h = self._norm(h, w.post_feedforward_layernorm)
         return x + h

@@ -40,6 +40,10 @@ def gated_mlp(
     down_bias: np.ndarray | None = None,
 ) -> np.ndarray:
     """x: [..., D], gate_proj/up_proj: [F, D], down_proj: [D, F] -> [..., D]."""
-    act = ACTIVATIONS[activation]
-    hidden = act(linear(x, gate_proj, gate_bias)) * linear(x, up_proj, up_bias)  # [..., F]
+    hidden = gated(linear(x, gate_proj, gate_bias), linear(x, up_proj, up_bias), activation)  # [..., F]
     return linear(hidden, down_proj, down_bias)
+
+
+def gated(gate: np.ndarray, up: np.ndarray, activation: str = "silu") -> np.ndarray:
+    """act(gate) * up: the activated gate scales each up feature. gate, up: [..., F] -> [..., F]."""
+    return ACTIVATIONS[activation](gate) * up
