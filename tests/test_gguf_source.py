@@ -346,6 +346,18 @@ def test_not_a_gguf_file_is_refused(tmp_path):
         refllm.load_model(path)
 
 
+def test_big_endian_file_is_refused_naming_the_file(tmp_path):
+    path = tmp_path / "big.gguf"
+    writer = gguf.GGUFWriter(path, "llama", endianess=gguf.GGUFEndian.BIG)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(GGUFFileError, match=f"{path}.*big-endian"):
+        GGUFSource(path)
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(GGUFFileError, match="no such file"):
         GGUFSource(tmp_path / "absent.gguf")

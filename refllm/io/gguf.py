@@ -234,13 +234,16 @@ class GGUFSource:
         try:
             with open(self.path, "rb") as file:
                 mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-            return mapped, read_header(mapped)
+            header = read_header(mapped)
         except (ValueError, IndexError, KeyError, OverflowError, struct.error) as e:
             # A truncated or corrupt header trips the reader wherever its bytes stop making sense:
             # a short read, an unknown type code, undecodable text.
             raise GGUFFileError(f"{self.path} is not a readable GGUF file (truncated or corrupt?): {e}") from None
         except OSError as e:
             raise GGUFFileError(f"{self.path} cannot be read: {e}") from None
+        if not header.little_endian:  # the dequantizers read little-endian blocks, as llama.cpp writes them
+            raise GGUFFileError(f"{self.path} is a big-endian GGUF file; refllm reads little-endian ones")
+        return mapped, header
 
     def _value(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)

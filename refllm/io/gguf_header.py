@@ -63,6 +63,7 @@ class GGUFHeader:
     metadata: dict[str, Any]  # key -> int, float, bool, str, or a list of them
     tensors: list[TensorInfo]
     data_offset: int  # where the tensor data starts
+    little_endian: bool  # the byte order of every number in the file, tensor data included
 
 
 def read_header(data: np.ndarray | bytes) -> GGUFHeader:
@@ -107,7 +108,7 @@ class _HeaderReader:
         for tensor in tensors:
             if tensor.offset + tensor.nbytes > len(self.data):
                 raise GGUFHeaderError(f"tensor {tensor.name!r} runs past the end of the file")
-        return GGUFHeader(metadata, tensors, data_offset)
+        return GGUFHeader(metadata, tensors, data_offset, little_endian=self.order == "<")
 
     def _unpack(self, formats: str) -> tuple:
         values = struct.unpack_from(self.order + formats, self.data, self.position)
