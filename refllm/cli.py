@@ -300,7 +300,7 @@ def _storage(source: ModelSource) -> tuple[str, str]:
     """-> (file format, size on disk and path; how many tensors of each type: GGML type or safetensors dtype)."""
     if isinstance(source, GGUFSource):
         kind, path, files = "GGUF", source.path, {source.path}
-        types = Counter(tensor.type.name for tensor in source.stored_tensors)
+        types = Counter(tensor.type.name for tensor in source.header.tensors)
     else:
         entries = source.checkpoint.entries.values()
         kind, path, files = "safetensors", source.directory, {entry.file for entry in entries}
@@ -431,7 +431,7 @@ def weight_bytes(source: ModelSource, quantized: bool) -> int:
     if not (quantized and isinstance(source, GGUFSource)):
         return 4 * source.config.num_parameters
     total = 0
-    for tensor in source.stored_tensors:
+    for tensor in source.header.tensors:
         total += tensor.nbytes if kernel_reads(tensor.type.name, tensor.shape) else 4 * tensor.num_elements
     return total
 

@@ -27,8 +27,8 @@ from refllm.io.gguf import (
     reverse_permute,
 )
 from refllm.io.safetensors import HFDirectorySource
-from refllm.quant.linear import QuantizedTensor
 from refllm.loading import ModelNotFoundError
+from refllm.quant.linear import QuantizedTensor
 from tests.hf_fixtures import DATA, NEW_TOKENS
 
 GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma3_text": "gemma3"}

@@ -34,7 +34,7 @@ import numpy as np
 
 from refllm.config import ConfigError, ModelConfig
 from refllm.errors import WeightError
-from refllm.io.gguf_header import GGUFHeader, TensorInfo, read_header
+from refllm.io.gguf_header import GGUFHeader, TensorInfo, map_file
 from refllm.io.gguf_tokenizer import (
     MissingTokenizerKeyError,
     UnsupportedTokenizerError,
@@ -144,7 +144,6 @@ class GGUFSource:
         self.path = Path(path)
         self.quantized = quantized
         self._map, self.header = self._open()
-        self.metadata = self.header.metadata
         self.architecture = self._architecture()
         self._tensors = self._map_tensors()  # Hugging Face name -> TensorInfo
         try:
@@ -153,11 +152,6 @@ class GGUFSource:
             raise GGUFFileError(f"{self.path}: {e}") from None
         self.tokenizer = self._tokenizer()
         self.release(0, self.header.data_offset)  # the header's pages: read, and done with
-
-    @property
-    def stored_tensors(self) -> list[TensorInfo]:
-        """The file's tensor table, as stored."""
-        return self.header.tensors
 
     def release(self, offset: int, size: int) -> None:
         """Drop the file pages of ``size`` bytes from ``offset``, already read, from this process's resident set.
@@ -232,9 +226,7 @@ class GGUFSource:
         if not self.path.is_file():
             raise GGUFFileError(f"{self.path}: no such file")
         try:
-            with open(self.path, "rb") as file:
-                mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-            header = read_header(mapped)
+            mapped, header = map_file(self.path)
         except (ValueError, IndexError, KeyError, OverflowError, struct.error) as e:
             # A truncated or corrupt header trips the reader wherever its bytes stop making sense:
             # a short read, an unknown type code, undecodable text.
@@ -246,7 +238,7 @@ class GGUFSource:
         return mapped, header
 
     def _value(self, key: str, default: Any = None) -> Any:
-        return self.metadata.get(key, default)
+        return self.header.metadata.get(key, default)
 
     def _require(self, key: str) -> Any:
         value = self._value(key)
@@ -284,10 +276,10 @@ class GGUFSource:
         return tensors
 
     def _tokenizer(self):
-        if "tokenizer.ggml.model" not in self.metadata:
+        if "tokenizer.ggml.model" not in self.header.metadata:
             return None
         try:
-            return tokenizer_from_gguf(tokenizer_metadata(self.metadata))
+            return tokenizer_from_gguf(tokenizer_metadata(self.header.metadata))
         except (UnsupportedTokenizerError, MissingTokenizerKeyError) as e:
             raise GGUFFileError(f"{self.path}: its tokenizer cannot be built: {e}") from None
 

@@ -22,6 +22,8 @@ through ``np.frombuffer``) and gives the same values as the reader's ``contents(
 
 from __future__ import annotations
 
+import mmap
+import os
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +66,13 @@ class GGUFHeader:
     tensors: list[TensorInfo]
     data_offset: int  # where the tensor data starts
     little_endian: bool  # the byte order of every number in the file, tensor data included
+
+
+def map_file(path: str | os.PathLike[str]) -> tuple[mmap.mmap, GGUFHeader]:
+    """A GGUF file mapped read-only, and its header read from the map."""
+    with open(path, "rb") as file:
+        mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+    return mapped, read_header(mapped)
 
 
 def read_header(data: np.ndarray | bytes) -> GGUFHeader:

@@ -136,12 +136,11 @@ class GGUFTokenizerInfo:
 
 def read_tokenizer_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The `tokenizer.*` keys and `general.architecture` of a GGUF file, as plain Python values."""
-    import mmap
+    from refllm.io.gguf_header import map_file
 
-    from refllm.io.gguf_header import read_header
-
-    with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-        return tokenizer_metadata(read_header(mapped).metadata)
+    mapped, header = map_file(path)
+    with mapped:
+        return tokenizer_metadata(header.metadata)
 
 
 def tokenizer_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:

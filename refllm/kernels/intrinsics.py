@@ -198,8 +198,6 @@ def _int32(builder, value):
     return builder.zext(value, ir.IntType(32)) if value.type.width < 32 else value
 
 
-
-
 @intrinsic
 def byte_bits16(typingctx, row, index, shift, mask):
     """(byte >> shift) & mask for bytes index .. index + 15 of a contiguous uint8 row, as 16 float32

@@ -40,7 +40,7 @@ per row, where the lane loop's product adds them up in every group. The families
 Exactness. a, c and q are the spec's numbers and a q + c is computed with the
 spec's float32 operations, in functions compiled without fast-math (a caller's
 flags do not reach into them), so ``dequantize_rows`` equals the spec bit for
-bit. Only the products (``_SUM``) round differently from NumPy's ``x @ W.T``;
+bit. Only the products (``SUM_FASTMATH``) round differently from NumPy's ``x @ W.T``;
 docs/quantization.md derives the bound the tests hold them to. The layouts live
 in this one module on purpose: Numba invalidates a cached function when its own
 file changes, and every kernel inlines every lane.
@@ -91,9 +91,6 @@ PREFETCH_ROWS = 16
 # Rows per parallel task: a multiple of the 4 rows ``_dot4_<format>`` takes, and enough rows that
 # ``quant_matmul``'s one scratch row per task is no cost; 16 still gives a 192-row projection 12 tasks.
 ROWS_PER_TASK = 16
-
-# Fast-math flags of the dot products, and only of them.
-_SUM = SUM_FASTMATH
 
 # The offset c of a format whose weights have none (w = a q): -0.0, because x + -0.0 == x for every
 # x, signed zeros included, so a q + c is then exactly the spec's a q.
@@ -437,7 +434,7 @@ def _q6_k_lanes16(row: np.ndarray, g: int, lane: int, bits: int) -> tuple:
 # ---- one format's walks over a row, compiled for its (params, lane, layout) functions -----------------
 
 
-@njit(cache=True, fastmath=_SUM)
+@njit(cache=True, fastmath=SUM_FASTMATH)
 def _group_total(params: tuple, first: float, second: float, x_first: float, x_second: float) -> float:
     """A group's share of a row's dot product: a (sum q x) + c (sum x), for its first and second weights."""
     return params[0] * first + params[1] * x_first + params[2] * second + params[3] * x_second
@@ -475,7 +472,7 @@ def _walks(params, lane, layout):
                 out[g, 1] += x[base + gap + j]
         return out
 
-    @njit(fastmath=_SUM)
+    @njit(fastmath=SUM_FASTMATH)
     def dot4(rows: tuple, x: np.ndarray, x_sums: np.ndarray) -> tuple[np.float32, np.float32, np.float32, np.float32]:
         """Four rows [R_bytes] uint8 . x [C] float32 -> four float32.
 
@@ -519,13 +516,14 @@ def _vector_dot4(params, lanes16, layout, shared_scale: bool, offset: bool):
     Per group, sum_j (a q_j + c) x_j = a (sum_j q_j x_j) + c (sum_j x_j). Each row keeps 16 lane
     sums of a (q x) across its groups and one scalar sum of c (sum x), and adds its lanes once at
     the end. ``shared_scale``: both weights of a lane have the same a (the 32-weight blocks), so
-    a multiplies their two products at once. ``offset``: the format's weights have an offset
-    c (without one, c = -0.0 adds nothing, and skipping its sums took 7% off the Q8_0 LM head's
-    time). Left to LLVM, a lane loop added up its lanes in
-    every group: spelled out, the product streams 1.4 to 1.7x the weights per second of that
-    one for the 32-weight formats (one core and two, 1536 x 576 matrices from DRAM; Q4_1 from
-    13.6 to 21.9 G/s on two), 1.6x for Q2_K and Q3_K, 1.9x for Q6_K (1536 x 1024). Q4_K and
-    Q5_K, whose groups are 32 lanes wide, ran 0.7 to 0.9x as fast this way and keep the loop.
+    a multiplies their two products at once. ``offset``: the format's weights have an offset c;
+    without one, c = -0.0 adds nothing, and skipping its sums took 7% off the Q8_0 LM head's time.
+
+    Left to LLVM, a lane loop added up its lanes in every group: spelled out, the product streams
+    1.4 to 1.7x the weights per second of that one for the 32-weight formats (one core and two,
+    1536 x 576 matrices from DRAM; Q4_1 from 13.6 to 21.9 G/s on two), 1.6x for Q2_K and Q3_K,
+    1.9x for Q6_K (1536 x 1024). Q4_K and Q5_K, whose groups are 32 lanes wide, ran 0.7 to 0.9x
+    as fast this way and keep the loop.
     """
 
     @njit(inline="always")
@@ -598,7 +596,7 @@ _decode_q6_k, _dot4_q6_k, _sums_q6_k = _format_walks(
 )
 
 
-@njit(cache=True, fastmath=_SUM)
+@njit(cache=True, fastmath=SUM_FASTMATH)
 def _tile4x4(w: np.ndarray, r: int, x: np.ndarray, t: int) -> tuple:
     """w [>= r + 4, C] . x [>= t + 4, C] -> the 16 dot products of rows r..r+3 with tokens t..t+3,
     row-major. Each weight and each x loaded feeds four multiply-adds (one per partner), where a
@@ -803,7 +801,7 @@ def quant_matmul_serial(blocks: np.ndarray, code: int, x: np.ndarray) -> np.ndar
     return out
 
 
-@njit(cache=True, fastmath=_SUM)
+@njit(cache=True, fastmath=SUM_FASTMATH)
 def _row_dot(a: np.ndarray, b: np.ndarray) -> np.float32:
     """a [C] . b [C] float32."""
     total = np.float32(0.0)
