@@ -6,15 +6,16 @@ from pathlib import Path
 
 from refllm.errors import InvalidInputError
 from refllm.models.contract import ModelSource
-from refllm.models.llama import LlamaFamilyModel
+from refllm.models.llama import LlamaFamilyModel, ModelDtypeError, dtype_name
 
 
 class ModelNotFoundError(InvalidInputError):
     """A path or name that names no model refllm can open."""
 
 
-def open_source(path: str | Path, quantized: bool = False) -> ModelSource:
-    """A Hugging Face model directory or a .gguf file -> its ModelSource (``quantized``: see ``load_model``)."""
+def open_source(path: str | Path, quantized: bool = False, dtype: str = "float32") -> ModelSource:
+    """A Hugging Face model directory or a .gguf file -> its ModelSource (``quantized``, ``dtype``: see
+    ``load_model``; a GGUF file dequantizes its blocks in ``dtype``)."""
     path = Path(path).expanduser()
     if path.is_dir():
         from refllm.io.safetensors import HFDirectorySource
@@ -23,26 +24,46 @@ def open_source(path: str | Path, quantized: bool = False) -> ModelSource:
     if path.suffix.lower() == ".gguf" and path.is_file():
         from refllm.io.gguf import GGUFSource
 
-        return GGUFSource(path, quantized=quantized)
+        return GGUFSource(path, quantized=quantized, dtype=dtype)
     raise ModelNotFoundError(
         f"{path} is neither a model directory (config.json and safetensors weights) nor a .gguf file"
     )
 
 
 def load_model(
-    path_or_name: str | Path, quantized: bool = False, quantize: str | None = None
+    path_or_name: str | Path,
+    quantized: bool = False,
+    quantize: str | None = None,
+    dtype: str = "float32",
+    reference: bool | None = None,
 ) -> LlamaFamilyModel:
     """Load a model from a catalog name (pulled on first use), a .gguf file or a Hugging Face directory.
 
+    dtype: "float32" (the default), or "float64": ground truth, every step in float64 (GGUF blocks
+    dequantized in float64), run by the spec ops.
+    reference: run the spec ops (the functions of ``refllm/nn``, plain NumPy) instead of their Numba
+    twins; the default is False for float32, and float64 has only the spec ops (docs/reference.md).
     quantized: keep a GGUF file's quantized matrices in their blocks and multiply from them
-    (docs/quantization.md); the default dequantizes every weight to float32, the spec path.
+    (docs/quantization.md); the default dequantizes every weight.
     quantize: "q8_0" or "q4_0" quantizes the float matrices of a checkpoint as it loads.
     """
     from refllm import catalog
-    from refllm.quant.linear import RequantizedSource, requantize_format
 
-    target = None if quantize is None else requantize_format(quantize)  # refuse a bad name before loading
+    # Refuse what cannot run before anything is fetched or read.
+    dtype = dtype_name(dtype)
+    spec = dtype == "float64" if reference is None else reference
+    if (quantized or quantize is not None) and (spec or dtype != "float32"):
+        raise ModelDtypeError(
+            "quantized weights run in the fast float32 kernels; drop quantized/quantize, or dtype/reference"
+        )
+    target = None
+    if quantize is not None:
+        from refllm.quant.linear import RequantizedSource, requantize_format
+
+        target = requantize_format(quantize)
     if isinstance(path_or_name, str) and path_or_name in catalog.CATALOG:
         path_or_name = catalog.pull(path_or_name)
-    source = open_source(path_or_name, quantized=quantized)
-    return LlamaFamilyModel.load(source if target is None else RequantizedSource(source, target))
+    source = open_source(path_or_name, quantized=quantized, dtype=dtype)
+    if target is not None:
+        source = RequantizedSource(source, target)
+    return LlamaFamilyModel.load(source, dtype=dtype, reference=reference)

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import refllm.models.llama
-import refllm.nn.linear
-import refllm.nn.mlp
 from refllm import CacheConfig
 from refllm.errors import (
     ContextLengthError,
@@ -58,14 +57,14 @@ def test_decode_batch_applies_each_weight_once_to_the_whole_batch(monkeypatch):
     for i, n in enumerate([2, 5, 7]):
         llm.prefill(i, list(range(n)))
     rows_seen, forwards = [], []
-    real_linear, real_forward = refllm.nn.linear.linear, llm.model.forward
+    real_linear, real_forward = llm.model.ops.linear, llm.model.forward
 
     def recording_linear(x, *args):
         rows_seen.append(x.shape[:-1])
         return real_linear(x, *args)
 
-    for module in (refllm.models.llama, refllm.nn.mlp):  # the attention projections, the MLP, the LM head
-        monkeypatch.setattr(module, "linear", recording_linear)
+    # every projection (attention, MLP, LM head) goes through the op set's linear
+    monkeypatch.setattr(llm.model, "ops", dataclasses.replace(llm.model.ops, linear=recording_linear))
     monkeypatch.setattr(llm.model, "forward", lambda *a: forwards.append(1) or real_forward(*a))
     llm.decode_batch([(0, 1, 2), (1, 2, 5), (2, 3, 7)])
     assert len(forwards) == 1

@@ -31,7 +31,9 @@ from refllm.kernels.quant_matmul import FORMAT_CODES, KERNEL_FORMATS, dequantize
 from refllm.kernels.quant_matmul import quant_matvec
 from refllm.nn.linear import linear
 from refllm.quant.formats import UnsupportedFormatError, block_format, dequantize
-from refllm.quant.linear import QuantizedShapeError, QuantizedTensor, weight_bytes_by_format
+from refllm.kernels.dense_matmul import linear as linear_kernel
+from refllm.models.weights import weight_bytes_by_format
+from refllm.quant.linear import QuantizedShapeError, QuantizedTensor
 from refllm.quant.requantize import requantize
 
 SETTINGS = settings(max_examples=20, deadline=None)  # per format
@@ -127,11 +129,16 @@ def test_matvec_and_matmul_equal_dequantize_then_matmul(name, case):
 @pytest.mark.parametrize("name", KERNEL_FORMATS)
 @SETTINGS
 @given(products())
-def test_quantized_tensor_in_the_spec_linear(name, case):
+def test_quantized_tensor_in_the_fast_linear(name, case):
     blocks, x = draw_case(name, case)
     tensor = QuantizedTensor(blocks, name, (len(blocks), x.shape[1]))
-    assert_within_summation_bound(linear(x, tensor), x, blocks, name)  # x @ W.T, through __rmatmul__
-    assert linear(x[0], tensor).shape == (len(blocks),)
+    assert_within_summation_bound(linear_kernel(x, tensor), x, blocks, name)
+    assert linear_kernel(x[0], tensor).shape == (len(blocks),)
+
+
+def test_the_spec_linear_refuses_a_quantized_tensor_rather_than_dequantizing_it(q4_1):
+    with pytest.raises(AttributeError):
+        linear(np.zeros((1, q4_1.shape[1]), np.float32), q4_1)
 
 
 @pytest.mark.parametrize("name", KERNEL_FORMATS)

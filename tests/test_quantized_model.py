@@ -31,7 +31,8 @@ from refllm import CacheConfig, LlamaFamilyModel
 from refllm.io.safetensors import HFDirectorySource
 from refllm.models.weights import LayerWeights, ModelWeights, assemble
 from refllm.quant.formats import UnsupportedFormatError
-from refllm.quant.linear import QuantizedTensor, RequantizedSource, weight_bytes_by_format
+from refllm.models.weights import weight_bytes_by_format
+from refllm.quant.linear import QuantizedTensor, RequantizedSource
 from refllm.testing.greedy import compare_greedy_outputs, top_candidates
 from tests.hf_fixtures import DATA as HF_DATA
 from tests.make_gguf_goldens import DATA as GOLDEN_DATA

@@ -7,7 +7,8 @@ it finds onto what ``refllm/models`` expects from any checkpoint:
   keys of a Hugging Face ``config.json``, read by ``ModelConfig.from_hf``;
 - tensor names (``blk.3.attn_q.weight``) to Hugging Face names
   (``model.layers.3.self_attn.q_proj.weight``);
-- every tensor, whatever its block format, to float32 (``refllm/quant``);
+- every tensor, whatever its block format, to float32 (or float64 for ground
+  truth: the blocks' arithmetic redone in float64) (``refllm/quant``);
 - and back through the layout changes llama.cpp's converter
   (``convert_hf_to_gguf.py``) made on the way in, in ``GGUFSource.tensor``:
   the q/k row permutation of ``llama`` files and Gemma's norm weights stored
@@ -140,9 +141,10 @@ def hf_name(gguf_name: str, architecture: str) -> str | None:
 class GGUFSource:
     """A ModelSource for one GGUF file."""
 
-    def __init__(self, path: str | Path, quantized: bool = False):
+    def __init__(self, path: str | Path, quantized: bool = False, dtype: str = "float32"):
         self.path = Path(path)
         self.quantized = quantized
+        self.dtype = np.dtype(dtype)  # of the dequantized tensors
         self._map, self.header = self._open()
         self.architecture = self._architecture()
         self._tensors = self._map_tensors()  # Hugging Face name -> TensorInfo
@@ -169,7 +171,7 @@ class GGUFSource:
         return list(self._tensors)
 
     def tensor(self, name: str) -> np.ndarray | QuantizedTensor:
-        """The named tensor in Hugging Face layout, [out, in] for a projection: float32, or its blocks
+        """The named tensor in Hugging Face layout, [out, in] for a projection: in ``dtype``, or its blocks
         (``QuantizedTensor``) when the source is ``quantized`` and a kernel reads the format."""
         stored = self._tensors[name]
         kind = stored.type.name
@@ -191,8 +193,8 @@ class GGUFSource:
         return np.frombuffer(self._map, np.uint8, stored.nbytes, stored.offset)
 
     def _dequantize(self, stored: TensorInfo) -> np.ndarray:
-        """The tensor in float32, dequantized a band of rows at a time, each band's file pages released once read."""
-        out = np.empty(stored.shape, dtype=np.float32)
+        """The tensor in ``dtype``, dequantized a band of rows at a time, each band's file pages released once read."""
+        out = np.empty(stored.shape, dtype=self.dtype)
         rows = out.reshape(-1, stored.shape[-1])  # [R, C], a view
         raw = self._bytes(stored)
         row_bytes = raw.size // rows.shape[0]
@@ -200,7 +202,8 @@ class GGUFSource:
         for start in range(0, rows.shape[0], band):
             stop = min(start + band, rows.shape[0])
             band_shape = (stop - start, stored.shape[-1])
-            rows[start:stop] = dequantize(raw[start * row_bytes : stop * row_bytes], stored.type.name, band_shape)
+            band_bytes = raw[start * row_bytes : stop * row_bytes]
+            rows[start:stop] = dequantize(band_bytes, stored.type.name, band_shape, self.dtype)
             self.release(stored.offset + start * row_bytes, (stop - start) * row_bytes)
         return out
 
@@ -217,7 +220,7 @@ class GGUFSource:
         if self.architecture == "gemma3" and name.endswith("norm.weight"):
             # Gemma3Model.modify_tensors adds 1 to every tensor named *norm.weight (the layer norms,
             # q_norm, k_norm and the final norm) so llama.cpp can multiply by w; refllm applies (1 + w).
-            return weights - np.float32(1.0)
+            return weights - 1.0
         return weights
 
     # ---- reading the file ----

@@ -1,9 +1,11 @@
-"""Numba hot loops. Each kernel names its NumPy twin in ``refllm/nn`` and is property-tested against it."""
+"""Numba hot loops. Each kernel names its NumPy twin in ``refllm/nn`` and is property-tested against it.
 
-# First: sets the OpenMP workers' wait policy before any kernel loads the OpenMP runtime.
-from refllm.kernels.threads import blas_on_calling_thread
+Nothing outside this package imports it until a kernel is first used (the fast
+op set, ``refllm/models/ops.py``), so ``import refllm`` loads no Numba.
+"""
 
-# isort: split
-from refllm.kernels.attention import paged_decode_attention, paged_prefill_attention, write_kv
+from refllm.kernels.compile_cache import key_cache_to_every_kernel_source
+from refllm.kernels.threads import apply_thread_policy
 
-__all__ = ["blas_on_calling_thread", "paged_decode_attention", "paged_prefill_attention", "write_kv"]
+key_cache_to_every_kernel_source()  # before any kernel below is decorated with cache=True
+apply_thread_policy()  # before any parallel kernel loads the OpenMP runtime

@@ -27,8 +27,9 @@ Rows left over after the last whole tile go one at a time. Tokens go in chunks
 of ``TOKEN_CHUNK``, so that a long prompt's chunk stays in cache across the
 tiles.
 
-``DenseMatrix`` hands a float32 matrix to ``refllm.nn.linear.linear`` so that
-its ``x @ weight.T`` runs here, the way a ``QuantizedTensor`` runs its own.
+``linear`` is the kernel twin of ``refllm.nn.linear.linear`` in the fast op set
+(``refllm/models/ops.py``): a float32 matrix multiplies here, a
+``QuantizedTensor`` in its own kernels.
 
 The order differs from NumPy's, so a result differs from NumPy's by float32
 summation-order rounding: at most 2 (C + 2) u sum_i |x_i w_i| (u = 2^-24),
@@ -158,43 +159,16 @@ def dense_matmul(x: np.ndarray, weights: np.ndarray) -> np.ndarray:
     return out
 
 
-class DenseMatrix:
-    """A float32 matrix W [R, C] whose products ``x @ W.T`` run in ``dense_matmul``."""
+def linear(x: np.ndarray, weight, bias: np.ndarray | None = None) -> np.ndarray:
+    """x: [..., C] float32, weight: [R, C], bias: [R] -> [..., R], as ``refllm.nn.linear.linear``.
 
-    def __init__(self, weights: np.ndarray):
-        self.weights = weights
-        self.shape = weights.shape
-
-    @property
-    def T(self) -> Transposed:
-        return Transposed(self)
-
-    def matmul(self, x: np.ndarray) -> np.ndarray:
-        """x [..., C] float32 -> x @ W.T [..., R] float32."""
-        tokens = np.ascontiguousarray(x.reshape(-1, self.shape[1]), dtype=np.float32)
-        return dense_matmul(tokens, self.weights).reshape(*x.shape[:-1], self.shape[0])
-
-
-class Transposed:
-    """W.T for ``x @ W.T``, where W (a DenseMatrix, a QuantizedTensor) does its own products.
-
-    ``refllm.nn.linear.linear`` computes ``x @ weight.T``. This object opts out of
-    NumPy's operators (``__array_ufunc__ = None``), so NumPy defers the product to
-    its ``__rmatmul__``, which hands it to W: the spec's code runs unchanged.
+    A float32 matrix multiplies in ``dense_matmul``; any other weight (a
+    ``QuantizedTensor``) multiplies itself in the quantized kernels, from its blocks.
     """
-
-    __array_ufunc__ = None
-
-    def __init__(self, matrix):
-        self.matrix = matrix
-        self.shape = matrix.shape[::-1]
-
-    def __rmatmul__(self, x: np.ndarray) -> np.ndarray:
-        return self.matrix.matmul(x)
-
-
-def for_kernels(weights):
-    """A float32 projection matrix as a DenseMatrix; anything else (a QuantizedTensor, None) as it is."""
-    if isinstance(weights, np.ndarray) and weights.ndim == 2 and weights.dtype == np.float32:
-        return DenseMatrix(np.ascontiguousarray(weights))
-    return weights
+    if isinstance(weight, np.ndarray):
+        tokens = np.ascontiguousarray(x.reshape(-1, weight.shape[1]), dtype=np.float32)
+        y = dense_matmul(tokens, np.ascontiguousarray(weight, dtype=np.float32))
+        y = y.reshape(*x.shape[:-1], weight.shape[0])
+    else:
+        y = weight.matmul(x)
+    return y if bias is None else y + bias

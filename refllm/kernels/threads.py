@@ -17,23 +17,18 @@ fast that goes on a small machine:
   slower. So while a model computes, NumPy's BLAS runs on the calling thread
   alone (``blas_on_calling_thread``) and Numba's pool is the only one.
 
-A user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins over the default.
-docs/performance.md has the measurements.
+A user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins over the default. The
+policy is applied when the kernels are first imported, which is their first
+use: importing ``refllm`` itself sets nothing. docs/performance.md has the
+measurements.
 """
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import os
 import platform
-from collections.abc import Callable
-from typing import TypeVar
-
-# Read by libgomp when the first parallel kernel loads it: set before any kernel runs.
-if "OMP_WAIT_POLICY" not in os.environ:
-    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
-
-Function = TypeVar("Function", bound=Callable)
+from collections.abc import Iterator
 
 # The environment variables that decide how refllm uses the cores, as benchmarks report them.
 THREAD_VARIABLES = ("NUMBA_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OPENBLAS_NUM_THREADS")
@@ -42,20 +37,22 @@ THREAD_VARIABLES = ("NUMBA_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "O
 _controller = None
 
 
-def blas_on_calling_thread(function: Function) -> Function:
-    """Run ``function`` with NumPy's BLAS limited to the calling thread (restored afterwards)."""
+def apply_thread_policy() -> None:
+    """Set the OpenMP workers' default spin time; read by libgomp when the first parallel kernel loads it."""
+    if "OMP_WAIT_POLICY" not in os.environ:
+        os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
-    @functools.wraps(function)
-    def limited(*args, **kwargs):
-        global _controller
-        if _controller is None:
-            from threadpoolctl import ThreadpoolController
 
-            _controller = ThreadpoolController()
-        with _controller.limit(limits=1, user_api="blas"):
-            return function(*args, **kwargs)
+@contextlib.contextmanager
+def blas_on_calling_thread() -> Iterator[None]:
+    """NumPy's BLAS limited to the calling thread inside the block (restored afterwards)."""
+    global _controller
+    if _controller is None:
+        from threadpoolctl import ThreadpoolController
 
-    return limited
+        _controller = ThreadpoolController()
+    with _controller.limit(limits=1, user_api="blas"):
+        yield
 
 
 def thread_settings() -> str:

@@ -12,15 +12,18 @@ steps per forward call:
 
 Until ``commit`` the new tokens are invisible to ``length``, so a forward
 pass that fails half-way leaves every sequence as it was. Attention lives
-behind this interface: the contiguous cache answers with the NumPy spec, the
-paged arena with Numba kernels over its blocks. Swapping caches is the whole
-difference between the spec run and the fast run.
+behind this interface: given an ``attend`` function (the spec op set's
+``refllm.nn.attention.attention``), a cache hands it each sequence's keys and
+values as plain arrays; without one, it attends its own way (the paged
+arena's Numba kernels; the contiguous cache has only the spec). Which cache a
+model runs with and which op set it computes with are separate choices
+(``refllm/models/ops.py``).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -62,15 +65,17 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class CacheShape:
-    """The per-token shape of what a cache stores: [layers, kv_heads, head_dim] float32."""
+    """The per-token shape of what a cache stores: [layers, kv_heads, head_dim] in ``dtype``."""
 
     num_layers: int
     num_kv_heads: int
     head_dim: int
+    dtype: str = "float32"
 
     @property
     def bytes_per_token(self) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * 4  # keys and values, float32
+        itemsize = np.dtype(self.dtype).itemsize
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * itemsize  # keys and values
 
 
 class KVCache(ABC):
@@ -109,8 +114,13 @@ class KVCache(ABC):
         scale: float,
         window: int | None = None,
         softcap: float | None = None,
+        attend: Callable | None = None,
     ) -> np.ndarray:
-        """q: [B, T, H, E] at positions length + t -> [B, T, H, E], over every key up to its position."""
+        """q: [B, T, H, E] at positions length + t -> [B, T, H, E], over every key up to its position.
+
+        attend: ``(q [T, H, E], k, v [S, K, E], query_positions [T], scale, window, softcap) -> [T, H, E]``,
+        called once per sequence with its keys and values; None: the cache's own attention.
+        """
 
     @abstractmethod
     def commit(self, seq_ids: Sequence[int], num_new: int) -> None:

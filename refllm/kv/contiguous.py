@@ -1,14 +1,14 @@
 """The baseline cache: one growing array per sequence, attended with the NumPy spec.
 
-Sequence ``s`` keeps ``k[s]``, ``v[s]``: [L, capacity, K, E]; token t of layer l
-sits at ``k[s][l, t]``. Capacity doubles when a sequence outgrows it. This is
-the cache the property tests trust: it is the spec's own attention over plain
-arrays.
+Sequence ``s`` keeps ``k[s]``, ``v[s]``: [L, capacity, K, E] in the shape's
+dtype; token t of layer l sits at ``k[s][l, t]``. Capacity doubles when a
+sequence outgrows it. With the spec op set this is the reference: the spec's
+own attention over plain arrays.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,7 +71,7 @@ class ContiguousKVCache(KVCache):
 
     def _empty(self, capacity: int) -> _Sequence:
         shape = (self.shape.num_layers, capacity, self.shape.num_kv_heads, self.shape.head_dim)
-        return _Sequence(np.zeros(shape, np.float32), np.zeros(shape, np.float32))
+        return _Sequence(np.zeros(shape, self.shape.dtype), np.zeros(shape, self.shape.dtype))
 
     def _grow(self, seq: _Sequence, capacity: int) -> None:
         bigger = self._empty(capacity)
@@ -94,14 +94,16 @@ class ContiguousKVCache(KVCache):
         scale: float,
         window: int | None = None,
         softcap: float | None = None,
+        attend: Callable | None = None,
     ) -> np.ndarray:
+        attend = attend or spec_attention  # no kernel of its own
         num_new = q.shape[1]
         out = np.empty_like(q)
         for row, seq_id in enumerate(seq_ids):
             seq = self._sequences[seq_id]
             end = seq.length + num_new  # the written-but-uncommitted chunk is attended too
             positions = np.arange(seq.length, end)
-            out[row] = spec_attention(q[row], seq.k[layer, :end], seq.v[layer, :end], positions, scale, window, softcap)
+            out[row] = attend(q[row], seq.k[layer, :end], seq.v[layer, :end], positions, scale, window, softcap)
         return out
 
     def commit(self, seq_ids: Sequence[int], num_new: int) -> None:

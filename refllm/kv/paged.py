@@ -1,6 +1,6 @@
 """PagedKVArena: every sequence's keys and values in fixed-size blocks of two flat arrays.
 
-    k, v: [L, N, S, K, E] float32, allocated once
+    k, v: [L, N, S, K, E] in the shape's dtype (float32; float64 for ground truth), allocated once
     a sequence = a block table (block ids, in position order) + a length
     position p of a sequence = block block_table[p // S], offset p % S
 
@@ -27,16 +27,17 @@ unreferenced (keyed, reference count 0).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
 
-from refllm.kernels.attention import paged_decode_attention, paged_prefill_attention, write_kv
 from refllm.kv.base import CacheCapacityError, CacheConfig, CacheShape, KVCache
+from refllm.nn.attention import attention as spec_attention
 
 DEFAULT_BUDGET_SEQUENCES = 8  # the default arena holds this many full-context sequences ...
 DEFAULT_BUDGET_CAP_BYTES = 2 * 1024**3  # ... unless that takes more than 2 GiB
@@ -89,6 +90,10 @@ def _ceil_div(a: int, b: int) -> int:
 class PagedKVArena(KVCache):
     """Keys and values in blocks of ``config.block_size`` tokens, attended by Numba kernels.
 
+    The kernels read float32 blocks. A float64 arena, or an ``attend`` function
+    passed to ``attention``, gathers each sequence's keys through its block table
+    and hands them to NumPy instead.
+
     The arena has ``config.num_blocks`` blocks, else as many as ``config.max_bytes``
     holds, else enough for 8 sequences of ``max_context`` tokens (at most 2 GiB).
     """
@@ -101,8 +106,11 @@ class PagedKVArena(KVCache):
         self.block_size = config.block_size
         self.num_blocks = self._arena_blocks(shape, config, max_context)
         arena_shape = (shape.num_layers, self.num_blocks, self.block_size, shape.num_kv_heads, shape.head_dim)
-        self.k = np.zeros(arena_shape, np.float32)  # [L, N, S, K, E]
-        self.v = np.zeros(arena_shape, np.float32)
+        self.k = np.zeros(arena_shape, shape.dtype)  # [L, N, S, K, E]
+        self.v = np.zeros(arena_shape, shape.dtype)
+        self._kernels_read = self.k.dtype == np.float32
+        if self._kernels_read:
+            _kernels()  # imported with the first float32 arena: import refllm loads no Numba
         self.refcounts = np.zeros(self.num_blocks, np.int32)  # [N]: block tables holding each block
         self._init_bookkeeping()
 
@@ -226,7 +234,11 @@ class PagedKVArena(KVCache):
                 f" got {k.shape} and {v.shape}"
             )
         view = self._batch_view(seq_ids, k.shape[1])
-        write_kv(self.k[layer], self.v[layer], view.slots, _as_f32(k), _as_f32(v))
+        if self._kernels_read:
+            _kernels().write_kv(self.k[layer], self.v[layer], view.slots, _as_f32(k), _as_f32(v))
+        else:
+            self._slots(self.k[layer])[view.slots] = k
+            self._slots(self.v[layer])[view.slots] = v
 
     def attention(
         self,
@@ -236,8 +248,10 @@ class PagedKVArena(KVCache):
         scale: float,
         window: int | None = None,
         softcap: float | None = None,
+        attend: Callable | None = None,
     ) -> np.ndarray:
-        """q: [B, T, H, E] at positions length + t -> [B, T, H, E]: one decode or prefill-chunk kernel call."""
+        """q: [B, T, H, E] at positions length + t -> [B, T, H, E]: one decode or prefill-chunk kernel call,
+        or ``attend`` (the spec's attention for a float64 arena) over each sequence's gathered keys."""
         self._check_layer(layer)
         if q.ndim != 4 or q.shape[0] != len(seq_ids) or q.shape[3] != self.shape.head_dim:
             raise ValueError(f"q must be [B={len(seq_ids)}, T, H, E={self.shape.head_dim}], not {q.shape}")
@@ -249,13 +263,34 @@ class PagedKVArena(KVCache):
             raise ValueError(f"softcap must be positive, not {softcap}")
         batch, num_new, num_heads, head_dim = q.shape
         view = self._batch_view(seq_ids, num_new)
+        if attend is not None or not self._kernels_read:
+            return self._gathered_attention(layer, view, q, scale, window, softcap, attend or spec_attention)
         q = _as_f32(q)
         arena = (self.k[layer], self.v[layer], view.block_tables)
         scalars = (float(scale), window or 0, float(softcap or 0.0))  # 0 = no window, no soft-capping
         if num_new == 1:
-            out = paged_decode_attention(q.reshape(batch, num_heads, head_dim), *arena, view.lengths + 1, *scalars)
+            decode_q = q.reshape(batch, num_heads, head_dim)
+            out = _kernels().paged_decode_attention(decode_q, *arena, view.lengths + 1, *scalars)
             return out.reshape(q.shape)
-        return paged_prefill_attention(q, *arena, view.lengths, *scalars)
+        return _kernels().paged_prefill_attention(q, *arena, view.lengths, *scalars)
+
+    def _gathered_attention(
+        self, layer: int, view: _BatchView, q: np.ndarray, scale, window, softcap, attend: Callable
+    ) -> np.ndarray:
+        """``attend`` over each sequence's keys and values, gathered through its block table."""
+        num_new = q.shape[1]
+        keys, values = self._slots(self.k[layer]), self._slots(self.v[layer])  # [N * S, K, E]
+        out = np.empty_like(q)
+        for row, (table, length) in enumerate(zip(view.block_tables, view.lengths)):
+            positions = np.arange(length + num_new)
+            slots = table[positions // self.block_size] * self.block_size + positions % self.block_size
+            out[row] = attend(q[row], keys[slots], values[slots], positions[length:], scale, window, softcap)
+        return out
+
+    @staticmethod
+    def _slots(layer_blocks: np.ndarray) -> np.ndarray:
+        """[N, S, K, E] -> [N * S, K, E], a view: slot block * S + offset holds one position."""
+        return layer_blocks.reshape(-1, *layer_blocks.shape[2:])
 
     def commit(self, seq_ids: Sequence[int], num_new: int) -> None:
         """Count ``num_new`` written tokens in each length; blocks that become full and known get cache keys."""
@@ -445,3 +480,11 @@ class PagedKVArena(KVCache):
 def _as_f32(x: np.ndarray) -> np.ndarray:
     """The kernels are compiled for C-contiguous float32 arrays only."""
     return np.ascontiguousarray(x, dtype=np.float32)
+
+
+@functools.cache
+def _kernels():
+    """The Numba kernels over float32 blocks."""
+    from refllm.kernels import attention
+
+    return attention

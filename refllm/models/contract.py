@@ -2,13 +2,14 @@
 
 ``GenerativeModel`` is what the runtime (and any backend checked against
 refllm) talks to. ``x`` is either token ids ``[B, T]`` (any integer dtype) or
-embeddings ``[B, T, D]`` float32, as returned by ``embed``; a cache holds the
+embeddings ``[B, T, D]`` in the model's dtype (``metadata.dtype``: float32, or
+float64 for ground truth), as returned by ``embed``; a cache holds the
 batch's sequences under ids ``0 .. B-1``; ``pos`` is the range of positions
 ``x`` occupies, starting at the cache's length, so a prompt can arrive in
 chunks.
 
 ``ModelSource`` is the seam between files and models: a config, named
-tensors in Hugging Face naming and layout (float32), and an optional
+tensors in Hugging Face naming and layout (float32 or float64), and an optional
 tokenizer. ``refllm/io`` implements it for Hugging Face directories and GGUF
 files; a test can hand a model an ``InMemorySource``.
 """
@@ -78,7 +79,8 @@ class ModelSource(Protocol):
     def tensor_names(self) -> list[str]: ...
 
     def tensor(self, name: str) -> np.ndarray:
-        """The named tensor as float32, in Hugging Face layout."""
+        """The named tensor, in Hugging Face layout: float32 or float64 (a float64 model keeps the precision
+        a source offers), or a quantized matrix."""
 
     def where(self, name: str | None) -> str:
         """Where ``name`` (or, for None, the checkpoint) is stored, for error messages."""
@@ -96,7 +98,8 @@ class InMemorySource:
         return list(self.tensors)
 
     def tensor(self, name: str) -> np.ndarray:
-        return np.asarray(self.tensors[name], dtype=np.float32)
+        array = np.asarray(self.tensors[name])
+        return array if array.dtype == np.float64 else np.asarray(array, np.float32)
 
     def where(self, name: str | None) -> str:
         return "the in-memory checkpoint"

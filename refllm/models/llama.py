@@ -1,9 +1,10 @@
 """LlamaFamilyModel: one forward pass for Llama, Mistral, Qwen2/3, Phi-3 and Gemma 3.
 
 The architectures differ only by flags in ``ModelConfig``; ``forward`` follows
-one token's path and each step is a call into ``refllm/nn`` or its kernel twin
-(RMSNorm, RoPE and the MLP's activation in ``refllm/kernels``; the projections and
-attention reach theirs through their weights and the cache):
+one token's path and each step is a call into the model's op set
+(``refllm/models/ops.py``): the functions of ``refllm/nn`` themselves (``spec``)
+or their Numba twins (``fast``). Attention runs behind the cache, with the op
+set's attention or, for ``fast``, the cache's own kernels.
 
     ids -> embed -> for each layer:
                         norm -> q, k, v projections -> (q/k norm) -> RoPE
@@ -15,6 +16,7 @@ attention reach theirs through their weights and the cache):
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -22,17 +24,17 @@ import numpy as np
 
 from refllm.config import ModelConfig
 from refllm.errors import ContextLengthError, InvalidInputError, PositionError, TokenOutOfRangeError
-from refllm.kernels import blas_on_calling_thread
-from refllm.kernels.activation import gated  # the Numba twin of refllm.nn.mlp.gated
-from refllm.kernels.dense_matmul import for_kernels
-from refllm.kernels.norm import rms_norm  # the Numba twin of refllm.nn.norm.rms_norm
-from refllm.kernels.rope import apply_rope  # the Numba twin of refllm.nn.rope.apply_rope
 from refllm.kv import CacheConfig, CacheShape, KVCache, create_cache
 from refllm.models.contract import ModelMetadata, ModelSource
-from refllm.models.weights import KernelLayers, LayerWeights, ModelWeights, assemble
-from refllm.nn.embedding import embed
-from refllm.nn.linear import linear
+from refllm.models.ops import SPEC_OPS, OpSet, fast_ops
+from refllm.models.weights import LayerWeights, ModelWeights, assemble
 from refllm.nn.rope import RopeTable
+
+DTYPES = ("float32", "float64")
+
+
+class ModelDtypeError(InvalidInputError):
+    """A dtype, or a dtype and op set together, that a model cannot run in."""
 
 
 class LlamaFamilyModel:
@@ -41,24 +43,39 @@ class LlamaFamilyModel:
     supports_decode_all_logits = True
     supports_hidden_states = True
 
-    def __init__(self, config: ModelConfig, weights: ModelWeights, tokenizer: Any = None):
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: ModelWeights,
+        tokenizer: Any = None,
+        dtype: str = "float32",
+        reference: bool | None = None,
+    ):
+        """dtype: "float32", or "float64" (ground truth: every step in float64; ``weights`` must be float64).
+        reference: run the spec ops (``refllm/nn`` alone) instead of their kernel twins; the default is
+        False for float32 and True for float64, whose only op set is the spec's."""
         self.config = config
         self.weights = weights
         self.tokenizer = tokenizer
-        self.kernel_layers = KernelLayers()  # each layer with its float32 projections run by a Numba kernel
+        self.dtype = _check_dtype(dtype, weights)
+        reference = self.dtype == np.float64 if reference is None else reference
+        self.ops: OpSet = _spec_ops_for(weights) if reference else _fast_ops_for(self.dtype)
         self.rope_tables = {
-            layer_type: RopeTable(params, config.head_dim, config.max_position_embeddings)
+            layer_type: RopeTable(params, config.head_dim, config.max_position_embeddings, self.dtype)
             for layer_type, params in config.rope.items()
         }
 
     @classmethod
-    def load(cls, source: ModelSource | str | Path) -> LlamaFamilyModel:
+    def load(
+        cls, source: ModelSource | str | Path, dtype: str = "float32", reference: bool | None = None
+    ) -> LlamaFamilyModel:
         """Build the model from a ModelSource, or from a path (a Hugging Face directory or a .gguf file)."""
         if isinstance(source, (str, Path)):
             from refllm.loading import open_source  # the path is a convenience; the seam is ModelSource
 
-            source = open_source(source)
-        return cls(source.config, assemble(source.config, source), source.tokenizer)
+            source = open_source(source, dtype=dtype)
+        weights = assemble(source.config, source, np.dtype(dtype_name(dtype)))
+        return cls(source.config, weights, source.tokenizer, dtype, reference)
 
     @property
     def metadata(self) -> ModelMetadata:
@@ -72,12 +89,13 @@ class LlamaFamilyModel:
             num_parameters=c.num_parameters,
             bos_token_id=c.bos_token_id,
             eos_token_ids=c.eos_token_ids,
+            dtype=self.dtype.name,
         )
 
     @property
     def cache_shape(self) -> CacheShape:
         c = self.config
-        return CacheShape(c.num_hidden_layers, c.num_key_value_heads, c.head_dim)
+        return CacheShape(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, self.dtype.name)
 
     def create_kv_cache(self, config: CacheConfig | None = None) -> KVCache:
         return create_cache(self.cache_shape, config or CacheConfig(), self.config.context_length)
@@ -87,7 +105,7 @@ class LlamaFamilyModel:
     def embed(self, tokens: np.ndarray) -> np.ndarray:
         """tokens: [B, T] int -> [B, T, D]."""
         tokens = self._check_tokens(tokens)
-        return embed(tokens, self.weights.embed_tokens, self.config.embedding_scale)
+        return self.ops.embed(tokens, self.weights.embed_tokens, self.config.embedding_scale)
 
     def embed_multimodal(self, tokens: np.ndarray, images: list[Any] | None) -> np.ndarray:
         if images:
@@ -124,27 +142,28 @@ class LlamaFamilyModel:
         seq_ids = list(range(x.shape[0]))
         self._check_positions(cache, seq_ids, x.shape[1], pos)
         if np.issubdtype(x.dtype, np.integer):
-            x = embed(x, self.weights.embed_tokens, self.config.embedding_scale)
+            x = self.ops.embed(x, self.weights.embed_tokens, self.config.embedding_scale)
         return self.forward(x, cache, seq_ids)
 
     # ---- the forward pass: no checks below this line -----------------------------------------
 
-    @blas_on_calling_thread
     def forward(self, x: np.ndarray, cache: KVCache, seq_ids: list[int]) -> np.ndarray:
         """x: [B, T, D] embeddings of row b at positions cache.length(b) .. + T -> final hidden [B, T, D]."""
         num_new = x.shape[1]
         starts = np.array([cache.length(s) if s in cache else 0 for s in seq_ids])
         positions = starts[:, None] + np.arange(num_new)  # [B, T]
         cache.reserve(seq_ids, num_new)
-        for layer, weights in enumerate(self.weights.layers):
-            x = self.decoder_layer(layer, self.kernel_layers(layer, weights), x, positions, cache, seq_ids)
-        cache.commit(seq_ids, num_new)
-        return self._norm(x, self.weights.norm)
+        with self.ops.running():
+            for layer, weights in enumerate(self.weights.layers):
+                x = self.decoder_layer(layer, weights, x, positions, cache, seq_ids)
+            cache.commit(seq_ids, num_new)
+            return self._norm(x, self.weights.norm)
 
     def decoder_layer(
         self, layer: int, w: LayerWeights, x: np.ndarray, positions: np.ndarray, cache: KVCache, seq_ids: list[int]
     ) -> np.ndarray:
         """x: [B, T, D] -> [B, T, D]."""
+        ops = self.ops
         sandwich = self.config.sandwich_norms
         h = self.self_attention(layer, w, self._norm(x, w.input_layernorm), positions, cache, seq_ids)
         if sandwich:  # Gemma normalises the attention output before the residual add
@@ -152,9 +171,9 @@ class LlamaFamilyModel:
         x = x + h
         # Llama's post_attention_layernorm is the pre-MLP norm; Gemma names it pre_feedforward_layernorm.
         h = self._norm(x, w.pre_feedforward_layernorm if sandwich else w.post_attention_layernorm)
-        # refllm.nn.mlp.gated_mlp, spelled out for the kernel twin of its activation
-        gate, up = linear(h, w.gate_proj, w.gate_proj_bias), linear(h, w.up_proj, w.up_proj_bias)
-        h = linear(gated(gate, up, self.config.hidden_act), w.down_proj, w.down_proj_bias)
+        # refllm.nn.mlp.gated_mlp, one op at a time: down(act(gate(h)) * up(h))
+        gate, up = ops.linear(h, w.gate_proj, w.gate_proj_bias), ops.linear(h, w.up_proj, w.up_proj_bias)
+        h = ops.linear(ops.gated(gate, up, self.config.hidden_act), w.down_proj, w.down_proj_bias)
         if sandwich:
             h = self._norm(h, w.post_feedforward_layernorm)
         return x + h
@@ -163,32 +182,32 @@ class LlamaFamilyModel:
         self, layer: int, w: LayerWeights, x: np.ndarray, positions: np.ndarray, cache: KVCache, seq_ids: list[int]
     ) -> np.ndarray:
         """x: [B, T, D] (normed) -> attention output projected back to [B, T, D]."""
-        c = self.config
+        c, ops = self.config, self.ops
         B, T, _ = x.shape
-        q = linear(x, w.q_proj, w.q_proj_bias).reshape(B, T, c.num_attention_heads, c.head_dim)
-        k = linear(x, w.k_proj, w.k_proj_bias).reshape(B, T, c.num_key_value_heads, c.head_dim)
-        v = linear(x, w.v_proj, w.v_proj_bias).reshape(B, T, c.num_key_value_heads, c.head_dim)
+        q = ops.linear(x, w.q_proj, w.q_proj_bias).reshape(B, T, c.num_attention_heads, c.head_dim)
+        k = ops.linear(x, w.k_proj, w.k_proj_bias).reshape(B, T, c.num_key_value_heads, c.head_dim)
+        v = ops.linear(x, w.v_proj, w.v_proj_bias).reshape(B, T, c.num_key_value_heads, c.head_dim)
         if c.qk_norm:
             q, k = self._norm(q, w.q_norm), self._norm(k, w.k_norm)
         cos, sin = self.rope_tables[c.layer_types[layer]].lookup(positions)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
         cache.write(layer, seq_ids, k, v)
         out = cache.attention(
-            layer, seq_ids, q, c.attention_scale, c.window_for_layer(layer), c.attn_logit_softcapping
+            layer, seq_ids, q, c.attention_scale, c.window_for_layer(layer), c.attn_logit_softcapping, ops.attention
         )  # [B, T, H, E]
-        return linear(out.reshape(B, T, -1), w.o_proj, w.o_proj_bias)
+        return ops.linear(out.reshape(B, T, -1), w.o_proj, w.o_proj_bias)
 
-    @blas_on_calling_thread
     def logits(self, hidden: np.ndarray) -> np.ndarray:
         """hidden: [..., D] (after the final norm) -> [..., V]."""
-        logits = linear(hidden, for_kernels(self.weights.lm_head))
+        with self.ops.running():
+            logits = self.ops.linear(hidden, self.weights.lm_head)
         cap = self.config.final_logit_softcapping
         if cap is not None:
-            logits = np.float32(cap) * np.tanh(logits / np.float32(cap))
+            logits = cap * np.tanh(logits / cap)
         return logits
 
     def _norm(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
-        return rms_norm(x, weight, self.config.rms_norm_eps, self.config.norm_weight_offset)
+        return self.ops.rms_norm(x, weight, self.config.rms_norm_eps, self.config.norm_weight_offset)
 
     # ---- validation -----------------------------------------------------------------------------
 
@@ -210,10 +229,10 @@ class LlamaFamilyModel:
         D = self.config.hidden_size
         if x.ndim == 2 and np.issubdtype(x.dtype, np.integer):
             x = self._check_tokens(x)
-        elif not (x.ndim == 3 and x.dtype == np.float32 and x.shape[2] == D):
+        elif not (x.ndim == 3 and x.dtype == self.dtype and x.shape[2] == D):
             raise InvalidInputError(
-                f"x must be token ids [batch, seq] of an integer dtype or embeddings [batch, seq, {D}] float32;"
-                f" got {x.dtype} of shape {x.shape}"
+                f"x must be token ids [batch, seq] of an integer dtype or embeddings [batch, seq, {D}]"
+                f" {self.dtype.name}; got {x.dtype} of shape {x.shape}"
             )
         if x.shape[0] < 1 or x.shape[1] < 1:
             raise InvalidInputError(f"x must hold at least one position of one sequence; got shape {x.shape}")
@@ -239,3 +258,37 @@ class LlamaFamilyModel:
                 raise PositionError(f"pos starts at {pos.start} but the cache holds {length} positions")
         if pos.stop > self.config.context_length:
             raise ContextLengthError(f"position {pos.stop - 1} is past the context length {self.config.context_length}")
+
+
+def dtype_name(dtype: Any) -> str:
+    """"float32" or "float64" from any spelling NumPy reads ("float64", np.float64, np.dtype("f8"))."""
+    try:
+        name = np.dtype(dtype).name
+    except TypeError:
+        name = None
+    if name not in DTYPES:
+        raise ModelDtypeError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
+    return name
+
+
+def _check_dtype(dtype: Any, weights: ModelWeights) -> np.dtype:
+    """The model's dtype, refusing weights held in another float type."""
+    model_dtype = np.dtype(dtype_name(dtype))
+    for name in ("embed_tokens", "norm"):
+        array = getattr(weights, name)
+        if isinstance(array, np.ndarray) and array.dtype != model_dtype:
+            raise ModelDtypeError(f"a {model_dtype.name} model needs {model_dtype.name} weights; {name} is {array.dtype}")
+    return model_dtype
+
+
+def _spec_ops_for(weights: ModelWeights) -> OpSet:
+    layer_arrays = [getattr(layer, field.name) for layer in weights.layers for field in fields(layer)]
+    if any(not isinstance(a, (np.ndarray, type(None))) for a in [weights.lm_head, *layer_arrays]):
+        raise ModelDtypeError("the spec ops read dequantized weights; load the model without quantized=True")
+    return SPEC_OPS
+
+
+def _fast_ops_for(dtype: np.dtype) -> OpSet:
+    if dtype != np.float32:
+        raise ModelDtypeError(f"the fast kernels compute in float32; a {dtype.name} model runs the spec ops (reference=True)")
+    return fast_ops()

@@ -2,20 +2,20 @@
 
 ``checkpoint_shapes(config)`` is the weight-name map: every tensor a checkpoint
 of this architecture holds, with its shape. ``assemble`` reads them through a
-``ModelSource``, refuses a checkpoint that disagrees, and splits Phi-3's fused
-projections so the forward pass sees one layout for every architecture.
+``ModelSource``, refuses a checkpoint that disagrees, puts every float tensor in
+the model's dtype, and splits Phi-3's fused projections so the forward pass sees
+one layout for every architecture.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, is_dataclass
+from typing import Any
 
 import numpy as np
 
 from refllm.config import ModelConfig
 from refllm.errors import MissingTensorError, WeightError
-from refllm.kernels.dense_matmul import for_kernels
-from refllm.quant.linear import weight_bytes_by_format
 
 
 @dataclass
@@ -54,33 +54,6 @@ class ModelWeights:
     def nbytes(self) -> int:
         """Bytes of every weight, a tied embedding and LM head counted once."""
         return sum(weight_bytes_by_format(self).values())
-
-
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-def with_kernels(layer: LayerWeights) -> LayerWeights:
-    """The layer with its float32 projections as ``DenseMatrix``es, whose products run in the
-    Numba kernel (``refllm/kernels/dense_matmul.py``). A shallow copy: the arrays are shared."""
-    return replace(layer, **{name: for_kernels(getattr(layer, name)) for name in PROJECTIONS})
-
-
-class KernelLayers:
-    """``with_kernels`` of each layer, kept from one forward pass to the next.
-
-    A layer's copy is made again only when one of its fields has been replaced
-    since; writes into the arrays show through, as the arrays are shared.
-    """
-
-    def __init__(self):
-        self._built: dict[int, tuple[list, LayerWeights]] = {}
-
-    def __call__(self, index: int, layer: LayerWeights) -> LayerWeights:
-        fields = list(vars(layer).values())
-        built = self._built.get(index)
-        if built is None or any(was is not now for was, now in zip(built[0], fields, strict=True)):
-            built = self._built[index] = (fields, with_kernels(layer))
-        return built[1]
 
 
 def checkpoint_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -135,8 +108,11 @@ def canonical_name(name: str) -> str | None:
     return name
 
 
-def assemble(config: ModelConfig, source) -> ModelWeights:
-    """Read every tensor ``config`` calls for from ``source`` (a ModelSource), checking names and shapes."""
+def assemble(config: ModelConfig, source, dtype=np.float32) -> ModelWeights:
+    """Read every tensor ``config`` calls for from ``source`` (a ModelSource), checking names and shapes.
+
+    Float tensors come out in ``dtype``; a quantized matrix (a ``QuantizedTensor``) stays in its blocks.
+    """
     expected = checkpoint_shapes(config)
     available = {}
     for stored in source.tensor_names():
@@ -160,7 +136,7 @@ def assemble(config: ModelConfig, source) -> ModelWeights:
                 f"tensor {available[name]!r} in {source.where(available[name])} has shape {tuple(array.shape)};"
                 f" config.json implies {shape}"
             )
-        tensors[name] = array
+        tensors[name] = np.asarray(array, dtype) if isinstance(array, np.ndarray) else array
     return _from_tensors(config, tensors)
 
 
@@ -211,3 +187,34 @@ def _from_tensors(config: ModelConfig, tensors: dict[str, np.ndarray]) -> ModelW
     embed = tensors["model.embed_tokens.weight"]
     lm_head = embed if config.tie_word_embeddings else tensors["lm_head.weight"]
     return ModelWeights(embed_tokens=embed, norm=tensors["model.norm.weight"], lm_head=lm_head, layers=layers)
+
+
+def weight_format(array: Any) -> str:
+    """GGML's name for how a weight is held: a quantized matrix's block format, else F32/F64/F16/BF16."""
+    if not isinstance(array, np.ndarray):
+        return array.format  # a QuantizedTensor
+    return {"float32": "F32", "float64": "F64", "float16": "F16"}.get(array.dtype.name, array.dtype.name.upper())
+
+
+def weight_bytes_by_format(weights: Any) -> dict[str, int]:
+    """Bytes of a model's weights (a ModelWeights, or any dataclass of arrays and lists of them) by format.
+
+    An array reached twice (a tied embedding and LM head) counts once.
+    """
+    seen: dict[int, Any] = {}
+
+    def visit(value: Any) -> None:
+        if isinstance(value, np.ndarray) or hasattr(value, "blocks"):  # an ndarray or a QuantizedTensor
+            seen[id(value)] = value
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                visit(item)
+        elif is_dataclass(value):
+            for field in fields(value):
+                visit(getattr(value, field.name))
+
+    visit(weights)
+    totals: dict[str, int] = {}
+    for array in seen.values():
+        totals[weight_format(array)] = totals.get(weight_format(array), 0) + array.nbytes
+    return dict(sorted(totals.items(), key=lambda item: -item[1]))

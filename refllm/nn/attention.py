@@ -49,9 +49,9 @@ def attention(
     v = np.repeat(v, group, axis=1)
 
     q_by_head = q.transpose(1, 0, 2)  # [H, T, E]
-    scores = (q_by_head @ k.transpose(1, 2, 0)) * np.float32(scale)  # [H, T, E] @ [H, E, S] -> [H, T, S]
+    scores = (q_by_head @ k.transpose(1, 2, 0)) * scale  # [H, T, E] @ [H, E, S] -> [H, T, S]
     if softcap is not None:
-        scores = np.float32(softcap) * np.tanh(scores / np.float32(softcap))
+        scores = softcap * np.tanh(scores / softcap)
     allowed = attention_mask(query_positions, k.shape[0], window)  # [T, S]
     scores = np.where(allowed[None], scores, -np.inf)
     weights = softmax(scores)  # [H, T, S]

@@ -12,5 +12,5 @@ def embed(token_ids: np.ndarray, table: np.ndarray, scale: float = 1.0) -> np.nd
     """
     x = table[token_ids]
     if scale != 1.0:
-        x = x * np.float32(scale)
+        x = x * scale
     return x

@@ -9,6 +9,8 @@ the function below is the only MLP there is.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from refllm.nn.linear import linear
@@ -17,13 +19,13 @@ from refllm.nn.linear import linear
 def silu(x: np.ndarray) -> np.ndarray:
     """SiLU(x) = x * sigmoid(x) = x / (1 + exp(-x))."""
     with np.errstate(over="ignore"):  # exp(-x) -> inf for very negative x gives the right limit, -0
-        return x / (np.float32(1.0) + np.exp(-x))
+        return x / (1.0 + np.exp(-x))
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
     """GELU(x) ~= 0.5 x (1 + tanh( sqrt(2/pi) (x + 0.044715 x^3) ))."""
-    c = np.float32(np.sqrt(2.0 / np.pi))
-    return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(c * (x + np.float32(0.044715) * x * x * x)))
+    c = math.sqrt(2.0 / math.pi)
+    return 0.5 * x * (1.0 + np.tanh(c * (x + 0.044715 * x * x * x)))
 
 
 ACTIVATIONS = {"silu": silu, "gelu_pytorch_tanh": gelu_tanh}

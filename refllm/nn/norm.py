@@ -16,5 +16,5 @@ import numpy as np
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, offset: float = 0.0) -> np.ndarray:
     """x: [..., N], weight: [N] -> [..., N]."""
     mean_square = np.mean(np.square(x), axis=-1, keepdims=True)
-    normed = x / np.sqrt(mean_square + np.float32(eps))  # eps inside the square root
-    return normed * (np.float32(offset) + weight)
+    normed = x / np.sqrt(mean_square + eps)  # eps inside the square root
+    return normed * (offset + weight)

@@ -37,7 +37,7 @@ def rotary_dims(params: RopeParameters, head_dim: int) -> int:
 def inverse_frequencies(
     params: RopeParameters, head_dim: int, max_position_embeddings: int, seq_len: int | None = None
 ) -> tuple[np.ndarray, float]:
-    """-> (inv_freq [R/2] float32, attention_factor).
+    """-> (inv_freq [R/2] float64, attention_factor).
 
     ``seq_len`` matters only for dynamic NTK scaling: the longest sequence this
     forward pass covers.
@@ -61,7 +61,7 @@ def inverse_frequencies(
         inv_freq = _llama3_frequencies(inv_freq, params)
     elif kind == "yarn":
         inv_freq, attention_factor = _yarn_frequencies(inv_freq, params, dim, base)
-    return inv_freq.astype(np.float32), attention_factor
+    return inv_freq, attention_factor
 
 
 def _llama3_frequencies(inv_freq: np.ndarray, params: RopeParameters) -> np.ndarray:
@@ -110,13 +110,17 @@ def _yarn_frequencies(
 
 
 def cos_sin(
-    inv_freq: np.ndarray, positions: np.ndarray, attention_factor: float = 1.0
+    inv_freq: np.ndarray, positions: np.ndarray, attention_factor: float = 1.0, dtype=np.float32
 ) -> tuple[np.ndarray, np.ndarray]:
-    """inv_freq: [R/2], positions: [...] int -> cos, sin: [..., R] float32."""
-    angles = positions[..., None].astype(np.float32) * inv_freq  # [..., R/2], float32 as in HF
+    """inv_freq: [R/2], positions: [...] int -> cos, sin: [..., R] in ``dtype``.
+
+    The angles are computed in ``dtype``: float32 rounds inv_freq and the
+    positions first, as Hugging Face does; float64 keeps them exact enough for
+    ground truth.
+    """
+    angles = positions[..., None].astype(dtype) * inv_freq.astype(dtype)  # [..., R/2]
     angles = np.concatenate([angles, angles], axis=-1)  # [..., R]
-    scale = np.float32(attention_factor)
-    return np.cos(angles) * scale, np.sin(angles) * scale
+    return np.cos(angles) * attention_factor, np.sin(angles) * attention_factor
 
 
 def rotate_half(x: np.ndarray) -> np.ndarray:
@@ -145,12 +149,13 @@ class RopeTable:
     as Hugging Face does.
     """
 
-    def __init__(self, params: RopeParameters, head_dim: int, max_position_embeddings: int):
+    def __init__(self, params: RopeParameters, head_dim: int, max_position_embeddings: int, dtype=np.float32):
         self.params = params
         self.head_dim = head_dim
         self.max_position_embeddings = max_position_embeddings
+        self.dtype = np.dtype(dtype)
         self.inv_freq, self.attention_factor = inverse_frequencies(params, head_dim, max_position_embeddings)
-        empty = np.zeros((0, rotary_dims(params, head_dim)), np.float32)
+        empty = np.zeros((0, rotary_dims(params, head_dim)), self.dtype)
         self.table = (empty, empty)  # (cos, sin), replaced whole so a concurrent reader never mixes sizes
 
     def lookup(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -158,9 +163,9 @@ class RopeTable:
         seq_len = int(positions.max()) + 1
         if self.params.rope_type == "dynamic" and seq_len > self.max_position_embeddings:
             inv_freq, factor = inverse_frequencies(self.params, self.head_dim, self.max_position_embeddings, seq_len)
-            return cos_sin(inv_freq, positions, factor)
+            return cos_sin(inv_freq, positions, factor, self.dtype)
         cos, sin = self.table
         if seq_len > len(cos):
             size = max(seq_len, 2 * len(cos), 256)
-            cos, sin = self.table = cos_sin(self.inv_freq, np.arange(size), self.attention_factor)
+            cos, sin = self.table = cos_sin(self.inv_freq, np.arange(size), self.attention_factor, self.dtype)
         return cos[positions], sin[positions]

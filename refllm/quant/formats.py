@@ -3,7 +3,8 @@
 A quantized tensor is a row-major run of blocks; a block holds ``block_size``
 consecutive weights of one row in ``type_size`` bytes (a row is a whole number
 of blocks). Each ``dequantize_*`` function below turns ``[N, type_size]`` uint8
-blocks into ``[N, block_size]`` float32 weights, vectorised over the N blocks,
+blocks into ``[N, block_size]`` weights (float32, or float64 for ground truth:
+the same operations, rounded to 53 bits instead of 24), vectorised over the N blocks,
 and documents its block beside the code. The byte layouts are ggml's
 (``ggml-common.h``); the float arithmetic is done in the same order as
 ``gguf.quants`` does it, so the results agree bit for bit.
@@ -36,15 +37,15 @@ class BlockFormat:
     name: str  # ggml's name, as in gguf.GGMLQuantizationType
     block_size: int  # B: weights per block
     type_size: int  # bytes per block
-    dequantize_blocks: Callable[[np.ndarray], np.ndarray]  # [N, type_size] uint8 -> [N, B] float32
+    dequantize_blocks: Callable[..., np.ndarray]  # ([N, type_size] uint8, dtype) -> [N, B] in dtype
 
 
 # ---- bit-unpacking helpers shared by several formats -------------------------------------------
 
 
-def _f16(field: np.ndarray) -> np.ndarray:
-    """[N, 2] uint8 bytes of a float16 -> [N, 1] float32."""
-    return field.view(np.float16).astype(np.float32)
+def _f16(field: np.ndarray, dtype) -> np.ndarray:
+    """[N, 2] uint8 bytes of a float16 -> [N, 1] in ``dtype`` (exact: a float16 is a float32 and a float64)."""
+    return field.view(np.float16).astype(dtype)
 
 
 def _nibbles(packed: np.ndarray, group: int) -> np.ndarray:
@@ -82,60 +83,60 @@ def _little_endian_bits(packed: np.ndarray) -> np.ndarray:
 # ---- unquantized ------------------------------------------------------------------------------
 
 
-def dequantize_f32(blocks: np.ndarray) -> np.ndarray:
+def dequantize_f32(blocks: np.ndarray, dtype=np.float32) -> np.ndarray:
     """F32: one float32 per 4-byte block."""
-    return blocks.view(np.float32).copy()
+    return blocks.view(np.float32).astype(dtype)
 
 
-def dequantize_f16(blocks: np.ndarray) -> np.ndarray:
+def dequantize_f16(blocks: np.ndarray, dtype=np.float32) -> np.ndarray:
     """F16: one IEEE float16 per 2-byte block."""
-    return _f16(blocks)
+    return _f16(blocks, dtype)
 
 
-def dequantize_bf16(blocks: np.ndarray) -> np.ndarray:
+def dequantize_bf16(blocks: np.ndarray, dtype=np.float32) -> np.ndarray:
     """BF16: one bfloat16 (the top 16 bits of a float32) per 2-byte block."""
-    return (blocks.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return (blocks.view(np.uint16).astype(np.uint32) << 16).view(np.float32).astype(dtype, copy=False)
 
 
 # ---- 32-weight blocks ---------------------------------------------------------------------------
 
 
-def dequantize_q4_0(blocks: np.ndarray) -> np.ndarray:
+def dequantize_q4_0(blocks: np.ndarray, dtype=np.float32) -> np.ndarray:
     """Q4_0, 18 bytes: w = d * (q - 8), q in 0..15.
 
     bytes 0-1   d    float16
     bytes 2-17  qs   byte j: weight j in the low nibble, weight j + 16 in the high one
     """
-    d = _f16(blocks[:, 0:2])
+    d = _f16(blocks[:, 0:2], dtype)
     q = _nibbles(blocks[:, 2:18], 16).astype(np.int8) - np.int8(8)
-    return d * q.astype(np.float32)
+    return d * q.astype(dtype)
 
 
-def dequantize_q4_1(blocks: np.ndarray) -> np.ndarray:
+def dequantize_q4_1(blocks: np.ndarray, dtype=np.float32) -> np.ndarray:
     """Q4_1, 20 bytes: w = d * q + m, q in 0..15.
 
     bytes 0-1   d    float16
     bytes 2-3   m    float16
     bytes 4-19  qs   as Q4_0
     """
-    d, m = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])
-    q = _nibbles(blocks[:, 4:20], 16).astype(np.float32)
+    d, m = _f16(blocks[:, 0:2], dtype), _f16(blocks[:, 2:4], dtype)
+    q = _nibbles(blocks[:, 4:20], 16).astype(dtype)
     return d * q + m
 
 
-def dequantize_q5_0(blocks: np.ndarray) -> np.ndarray:
+def dequantize_q5_0(blocks: np.ndarray, dtype=np.float32) -> np.ndarray:
     """Q5_0, 22 bytes: w = d * (q - 16), q in 0..31.
 
     bytes 0-1   d    float16
     bytes 2-5   qh   uint32: bit i is bit 4 of weight i
     bytes 6-21  qs   bits 0-3, laid out as Q4_0
     """
-    d = _f16(blocks[:, 0:2])
+    d = _f16(blocks[:, 0:2], dtype)
     q = _nibbles(blocks[:, 6:22], 16) | (_little_endian_bits(blocks[:, 2:6]) << 4)
-    return d * (q.astype(np.int8) - np.int8(16)).astype(np.float32)
+    return d * (q.astype(np.int8) - np.int8(16)).astype(dtype)
 
 
-def dequantize_q5_1(blocks: np.ndarray) -> np.ndarray:
+def dequantize_q5_1(blocks: np.ndarray, dtype=np.float32) -> np.ndarray:
     """Q5_1, 24 bytes: w = d * q + m, q in 0..31.
 
     bytes 0-1   d    float16
@@ -143,25 +144,25 @@ def dequantize_q5_1(blocks: np.ndarray) -> np.ndarray:
     bytes 4-7   qh   as Q5_0
     bytes 8-23  qs   as Q5_0
     """
-    d, m = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])
+    d, m = _f16(blocks[:, 0:2], dtype), _f16(blocks[:, 2:4], dtype)
     q = _nibbles(blocks[:, 8:24], 16) | (_little_endian_bits(blocks[:, 4:8]) << 4)
-    return d * q.astype(np.float32) + m
+    return d * q.astype(dtype) + m
 
 
-def dequantize_q8_0(blocks: np.ndarray) -> np.ndarray:
+def dequantize_q8_0(blocks: np.ndarray, dtype=np.float32) -> np.ndarray:
     """Q8_0, 34 bytes: w = d * q.
 
     bytes 0-1   d    float16
     bytes 2-33  qs   int8 weight j at byte 2 + j
     """
-    d = _f16(blocks[:, 0:2])
-    return d * blocks[:, 2:34].view(np.int8).astype(np.float32)
+    d = _f16(blocks[:, 0:2], dtype)
+    return d * blocks[:, 2:34].view(np.int8).astype(dtype)
 
 
 # ---- K-quants: 256-weight super-blocks -----------------------------------------------------------
 
 
-def dequantize_q2_k(blocks: np.ndarray) -> np.ndarray:
+def dequantize_q2_k(blocks: np.ndarray, dtype=np.float32) -> np.ndarray:
     """Q2_K, 84 bytes: 16 sub-blocks of 16; w = d * scale * q - dmin * min, q in 0..3.
 
     bytes 0-15   scales  byte s: scale of sub-block s (low nibble), its min (high nibble)
@@ -171,14 +172,14 @@ def dequantize_q2_k(blocks: np.ndarray) -> np.ndarray:
     """
     N = blocks.shape[0]
     scales = blocks[:, 0:16]
-    d, dmin = _f16(blocks[:, 80:82]), _f16(blocks[:, 82:84])
-    scale = (d * (scales & 0x0F).astype(np.float32))[:, :, None]  # [N, 16, 1]
-    offset = (dmin * (scales >> 4).astype(np.float32))[:, :, None]
-    q = _crumbs(blocks[:, 16:80]).reshape(N, 16, 16).astype(np.float32)
+    d, dmin = _f16(blocks[:, 80:82], dtype), _f16(blocks[:, 82:84], dtype)
+    scale = (d * (scales & 0x0F).astype(dtype))[:, :, None]  # [N, 16, 1]
+    offset = (dmin * (scales >> 4).astype(dtype))[:, :, None]
+    q = _crumbs(blocks[:, 16:80]).reshape(N, 16, 16).astype(dtype)
     return (scale * q - offset).reshape(N, QK_K)
 
 
-def _q3_k_scales(packed: np.ndarray) -> np.ndarray:
+def _q3_k_scales(packed: np.ndarray, dtype) -> np.ndarray:
     """[N, 12] bytes -> [N, 16] signed 6-bit scales (stored + 32).
 
     Bits 0-3 of scale j: bytes 0-7, low nibbles for j < 8, high nibbles (of byte j - 8) after.
@@ -187,10 +188,10 @@ def _q3_k_scales(packed: np.ndarray) -> np.ndarray:
     N = packed.shape[0]
     low = _nibbles(packed[:, 0:8], 8)  # [N, 16]
     high = (packed[:, 8:12].reshape(N, 1, 4) >> np.array([0, 2, 4, 6], np.uint8)[:, None]) & 0x03
-    return ((low | (high.reshape(N, 16) << 4)).astype(np.int8) - np.int8(32)).astype(np.float32)
+    return ((low | (high.reshape(N, 16) << 4)).astype(np.int8) - np.int8(32)).astype(dtype)
 
 
-def dequantize_q3_k(blocks: np.ndarray) -> np.ndarray:
+def dequantize_q3_k(blocks: np.ndarray, dtype=np.float32) -> np.ndarray:
     """Q3_K, 110 bytes: 16 sub-blocks of 16; w = d * scale * q, q in -4..3.
 
     bytes 0-31    hmask   bit 2 of q, as in ``_bit_planes``; a clear bit means q -= 4
@@ -199,15 +200,15 @@ def dequantize_q3_k(blocks: np.ndarray) -> np.ndarray:
     bytes 108-109 d       float16
     """
     N = blocks.shape[0]
-    d = _f16(blocks[:, 108:110])
-    scale = (d * _q3_k_scales(blocks[:, 96:108]))[:, :, None]  # [N, 16, 1]
+    d = _f16(blocks[:, 108:110], dtype)
+    scale = (d * _q3_k_scales(blocks[:, 96:108], dtype))[:, :, None]  # [N, 16, 1]
     low = _crumbs(blocks[:, 32:96]).astype(np.int8)
     minus_four = ((_bit_planes(blocks[:, 0:32]) ^ 1) << 2).astype(np.int8)
-    q = (low - minus_four).reshape(N, 16, 16).astype(np.float32)
+    q = (low - minus_four).reshape(N, 16, 16).astype(dtype)
     return (scale * q).reshape(N, QK_K)
 
 
-def _k_scales_and_mins(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _k_scales_and_mins(packed: np.ndarray, dtype) -> tuple[np.ndarray, np.ndarray]:
     """[N, 12] bytes -> ([N, 8], [N, 8]) 6-bit scales and mins of Q4_K/Q5_K.
 
     j < 4:  scale = byte j & 63,  min = byte j + 4 & 63
@@ -217,10 +218,10 @@ def _k_scales_and_mins(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     first, second, third = packed[:, 0:4], packed[:, 4:8], packed[:, 8:12]
     scales = np.concatenate([first & 63, (third & 0x0F) | ((first >> 6) << 4)], axis=-1)
     mins = np.concatenate([second & 63, (third >> 4) | ((second >> 6) << 4)], axis=-1)
-    return scales.astype(np.float32), mins.astype(np.float32)
+    return scales.astype(dtype), mins.astype(dtype)
 
 
-def dequantize_q4_k(blocks: np.ndarray) -> np.ndarray:
+def dequantize_q4_k(blocks: np.ndarray, dtype=np.float32) -> np.ndarray:
     """Q4_K, 144 bytes: 8 sub-blocks of 32; w = d * scale * q - dmin * min, q in 0..15.
 
     bytes 0-1    d       float16
@@ -229,13 +230,13 @@ def dequantize_q4_k(blocks: np.ndarray) -> np.ndarray:
     bytes 16-143 qs      4 groups of 32 bytes: group g holds sub-block 2g (low nibbles), 2g + 1 (high)
     """
     N = blocks.shape[0]
-    d, dmin = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])
-    scales, mins = _k_scales_and_mins(blocks[:, 4:16])
-    q = _nibbles(blocks[:, 16:144], 32).reshape(N, 8, 32).astype(np.float32)
+    d, dmin = _f16(blocks[:, 0:2], dtype), _f16(blocks[:, 2:4], dtype)
+    scales, mins = _k_scales_and_mins(blocks[:, 4:16], dtype)
+    q = _nibbles(blocks[:, 16:144], 32).reshape(N, 8, 32).astype(dtype)
     return ((d * scales)[:, :, None] * q - (dmin * mins)[:, :, None]).reshape(N, QK_K)
 
 
-def dequantize_q5_k(blocks: np.ndarray) -> np.ndarray:
+def dequantize_q5_k(blocks: np.ndarray, dtype=np.float32) -> np.ndarray:
     """Q5_K, 176 bytes: 8 sub-blocks of 32; w = d * scale * q - dmin * min, q in 0..31.
 
     bytes 0-1     d       float16
@@ -245,14 +246,14 @@ def dequantize_q5_k(blocks: np.ndarray) -> np.ndarray:
     bytes 48-175  qs      bits 0-3 of q, laid out as Q4_K
     """
     N = blocks.shape[0]
-    d, dmin = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])
-    scales, mins = _k_scales_and_mins(blocks[:, 4:16])
+    d, dmin = _f16(blocks[:, 0:2], dtype), _f16(blocks[:, 2:4], dtype)
+    scales, mins = _k_scales_and_mins(blocks[:, 4:16], dtype)
     q = _nibbles(blocks[:, 48:176], 32) | (_bit_planes(blocks[:, 16:48]) << 4)
-    q = q.reshape(N, 8, 32).astype(np.float32)
+    q = q.reshape(N, 8, 32).astype(dtype)
     return ((d * scales)[:, :, None] * q - (dmin * mins)[:, :, None]).reshape(N, QK_K)
 
 
-def dequantize_q6_k(blocks: np.ndarray) -> np.ndarray:
+def dequantize_q6_k(blocks: np.ndarray, dtype=np.float32) -> np.ndarray:
     """Q6_K, 210 bytes: 16 sub-blocks of 16; w = d * scale * (q - 32), q in 0..63.
 
     bytes 0-127   ql      bits 0-3 of q: 2 groups of 64 bytes, low nibbles then high nibbles
@@ -261,10 +262,10 @@ def dequantize_q6_k(blocks: np.ndarray) -> np.ndarray:
     bytes 208-209 d       float16
     """
     N = blocks.shape[0]
-    d = _f16(blocks[:, 208:210])
-    scale = (d * blocks[:, 192:208].view(np.int8).astype(np.float32))[:, :, None]  # [N, 16, 1]
+    d = _f16(blocks[:, 208:210], dtype)
+    scale = (d * blocks[:, 192:208].view(np.int8).astype(dtype))[:, :, None]  # [N, 16, 1]
     q = _nibbles(blocks[:, 0:128], 64) | (_crumbs(blocks[:, 128:192]) << 4)
-    q = (q.astype(np.int8) - np.int8(32)).reshape(N, 16, 16).astype(np.float32)
+    q = (q.astype(np.int8) - np.int8(32)).reshape(N, 16, 16).astype(dtype)
     return (scale * q).reshape(N, QK_K)
 
 
@@ -308,8 +309,8 @@ def stored_size(name: str, shape: tuple[int, ...]) -> int:
     return prod(shape) // fmt.block_size * fmt.type_size
 
 
-def dequantize(raw: np.ndarray, name: str, shape: tuple[int, ...]) -> np.ndarray:
-    """The stored bytes of a tensor in format ``name`` -> float32 weights of ``shape``.
+def dequantize(raw: np.ndarray, name: str, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
+    """The stored bytes of a tensor in format ``name`` -> weights of ``shape`` in ``dtype`` (float32 or float64).
 
     ``raw`` is any contiguous array over exactly the tensor's bytes (as gguf's
     reader hands them out). The blocks are independent, so they are decoded a
@@ -321,9 +322,9 @@ def dequantize(raw: np.ndarray, name: str, shape: tuple[int, ...]) -> np.ndarray
     if data.size != expected:
         raise ValueError(f"a {name} tensor of shape {shape} takes {expected} bytes; got {data.size}")
     blocks = data.reshape(-1, fmt.type_size)  # [N, type_size]
-    out = np.empty((blocks.shape[0], fmt.block_size), dtype=np.float32)  # [N, B]
+    out = np.empty((blocks.shape[0], fmt.block_size), dtype=dtype)  # [N, B]
 
     chunk = max(1, _CHUNK_WEIGHTS // fmt.block_size)
     for start in range(0, blocks.shape[0], chunk):
-        out[start : start + chunk] = fmt.dequantize_blocks(blocks[start : start + chunk])
+        out[start : start + chunk] = fmt.dequantize_blocks(blocks[start : start + chunk], dtype)
     return out.reshape(shape)

@@ -4,12 +4,11 @@ The spec's projection is ``linear(x, W, b) = x @ W.T + b`` (``refllm/nn/linear.p
 and its embedding lookup is ``table[ids]`` (``refllm/nn/embedding.py``). A
 QuantizedTensor answers both without ever being dequantized whole:
 
-- ``W.T`` is a ``Transposed`` view (``refllm/kernels/dense_matmul.py``) whose
-  ``__rmatmul__`` runs the Numba kernels of ``refllm/kernels/quant_matmul.py``.
-  NumPy hands ``x @ W.T`` to it because the view sets ``__array_ufunc__ = None``
-  (NumPy's opt-out: its operators then return NotImplemented and Python asks
-  the right operand). This is the one place where the quantized path branches
-  off the spec.
+- ``W.matmul(x)`` is ``x @ W.T`` in the Numba kernels of
+  ``refllm/kernels/quant_matmul.py``; the fast op set's ``linear``
+  (``refllm/kernels/dense_matmul.py``) calls it. This is the one place where
+  the quantized path branches off the spec, whose ``linear`` takes a
+  dequantized matrix.
 - ``W[ids]`` (an integer array) dequantizes just those rows with the spec
   dequantizer: an embedding lookup reads a few rows of a [V, D] table.
 - ``W[a:b]`` (a row slice) is a QuantizedTensor over the same blocks, as an
@@ -24,12 +23,10 @@ Dimension letters: R rows (outputs), C columns (inputs), T tokens.
 from __future__ import annotations
 
 import os
-from dataclasses import fields, is_dataclass
 from typing import Any
 
 import numpy as np
 
-from refllm.kernels.dense_matmul import Transposed
 from refllm.kernels.quant_matmul import (
     FORMAT_CODES,
     KERNEL_FORMATS,
@@ -106,10 +103,6 @@ class QuantizedTensor:
     def nbytes(self) -> int:
         return self.blocks.nbytes
 
-    @property
-    def T(self) -> Transposed:
-        return Transposed(self)
-
     def dequantize(self) -> np.ndarray:
         """-> W [R, C] float32, by the spec (``refllm.quant.formats``)."""
         return dequantize(self.blocks, self.format, self.shape)
@@ -185,34 +178,3 @@ class RequantizedSource:
 
     def where(self, name: str | None) -> str:
         return self.source.where(name)
-
-
-def weight_format(array: np.ndarray | QuantizedTensor) -> str:
-    """GGML's name for how a weight is held: its block format, or F32/F16/BF16 for an ndarray."""
-    if isinstance(array, QuantizedTensor):
-        return array.format
-    return {"float32": "F32", "float16": "F16"}.get(array.dtype.name, array.dtype.name.upper())
-
-
-def weight_bytes_by_format(weights: Any) -> dict[str, int]:
-    """Bytes of a model's weights (a ModelWeights, or any dataclass of arrays and lists of them) by format.
-
-    An array reached twice (a tied embedding and LM head) counts once.
-    """
-    seen: dict[int, np.ndarray | QuantizedTensor] = {}
-
-    def visit(value: Any) -> None:
-        if isinstance(value, (np.ndarray, QuantizedTensor)):
-            seen[id(value)] = value
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                visit(item)
-        elif is_dataclass(value):
-            for field in fields(value):
-                visit(getattr(value, field.name))
-
-    visit(weights)
-    totals: dict[str, int] = {}
-    for array in seen.values():
-        totals[weight_format(array)] = totals.get(weight_format(array), 0) + array.nbytes
-    return dict(sorted(totals.items(), key=lambda item: -item[1]))
