@@ -1,0 +1,204 @@
+"""An independent float64 forward pass: the check on refllm's float64 spec path.
+
+Written apart from ``refllm/nn``, ``refllm/models`` and ``refllm/io``, on
+purpose differently: it reads the checkpoint's bytes itself, runs one token at a
+time, loops over heads and keys, rotates query/key pairs as complex numbers,
+and computes the RoPE frequencies anew from transformers' definitions. It
+shares only the parsed ``ModelConfig`` (hyper-parameters, which the parity
+tests check against transformers).
+
+``reference_logits(directory, token_ids, chunks)`` runs the tokens in the
+given chunks, as a cached backend would receive them (dynamic NTK RoPE
+depends on how long the sequence is when each chunk arrives), and returns the
+logits of every position, [T, V] float64.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from refllm.config import ModelConfig, RopeParameters
+
+
+def reference_logits(directory: Path, token_ids: list[int], chunks: list[int]) -> np.ndarray:
+    """token_ids: T ids; chunks: sizes adding up to T -> logits [T, V] float64."""
+    assert sum(chunks) == len(token_ids)
+    config = ModelConfig.from_hf(json.loads((directory / "config.json").read_text()))
+    tensors = _read_safetensors(directory / "model.safetensors")
+    cache: list[tuple[list, list]] = [([], []) for _ in range(config.num_hidden_layers)]
+    rows, position = [], 0
+    for size in chunks:
+        seq_len = position + size  # what the sequence is long when this chunk arrives
+        for token in token_ids[position:seq_len]:
+            rows.append(_one_token(config, tensors, cache, token, position, seq_len))
+            position += 1
+    return np.stack(rows)
+
+
+def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    """Every tensor of a safetensors file as float64: u64 header length, JSON header, raw little-endian data."""
+    raw = path.read_bytes()
+    header_length = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + header_length])
+    data = raw[8 + header_length :]
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = info["data_offsets"]
+        chunk = data[begin:end]
+        if info["dtype"] == "BF16":  # the top 16 bits of a float32
+            values = (np.frombuffer(chunk, "<u2").astype(np.uint32) << 16).view(np.float32)
+        else:
+            values = np.frombuffer(chunk, {"F32": "<f4", "F16": "<f2", "F64": "<f8"}[info["dtype"]])
+        tensors[name] = values.astype(np.float64).reshape(info["shape"])
+    return tensors
+
+
+def _one_token(config: ModelConfig, w: dict, cache: list, token: int, position: int, seq_len: int) -> np.ndarray:
+    c = config
+    H, K, E = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    x = w["model.embed_tokens.weight"][token] * c.embedding_scale
+    for layer in range(c.num_hidden_layers):
+        p = f"model.layers.{layer}."
+        h = _norm(x, w[p + "input_layernorm.weight"], c)
+        q, k, v = _qkv(w, p, h, c)
+        q, k, v = q.reshape(H, E), k.reshape(K, E), v.reshape(K, E)
+        if c.qk_norm:
+            q = np.stack([_norm(row, w[p + "self_attn.q_norm.weight"], c) for row in q])
+            k = np.stack([_norm(row, w[p + "self_attn.k_norm.weight"], c) for row in k])
+        rope = c.rope_for_layer(layer)
+        q, k = _rotate(q, rope, c, position, seq_len), _rotate(k, rope, c, position, seq_len)
+        keys, values = cache[layer]
+        keys.append(k)
+        values.append(v)
+        attended = _attend(q, keys, values, position, c.window_for_layer(layer), c)
+        a = w[p + "self_attn.o_proj.weight"] @ attended.reshape(-1) + w.get(p + "self_attn.o_proj.bias", 0.0)
+        if c.sandwich_norms:
+            a = _norm(a, w[p + "post_attention_layernorm.weight"], c)
+        x = x + a
+        pre_mlp = "pre_feedforward_layernorm" if c.sandwich_norms else "post_attention_layernorm"
+        m = _mlp(w, p, _norm(x, w[p + pre_mlp + ".weight"], c), c)
+        if c.sandwich_norms:
+            m = _norm(m, w[p + "post_feedforward_layernorm.weight"], c)
+        x = x + m
+    x = _norm(x, w["model.norm.weight"], c)
+    head = w["model.embed_tokens.weight"] if c.tie_word_embeddings else w["lm_head.weight"]
+    logits = head @ x
+    if c.final_logit_softcapping:
+        logits = c.final_logit_softcapping * np.tanh(logits / c.final_logit_softcapping)
+    return logits
+
+
+def _norm(x: np.ndarray, weight: np.ndarray, c: ModelConfig) -> np.ndarray:
+    rms = np.linalg.norm(x) / math.sqrt(x.size)
+    return x / math.sqrt(rms * rms + c.rms_norm_eps) * (c.norm_weight_offset + weight)
+
+
+def _qkv(w: dict, p: str, h: np.ndarray, c: ModelConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    q_rows, kv_rows = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    if c.fused_qkv:
+        qkv = w[p + "self_attn.qkv_proj.weight"] @ h
+        return qkv[:q_rows], qkv[q_rows : q_rows + kv_rows], qkv[q_rows + kv_rows :]
+    return tuple(
+        w[p + f"self_attn.{name}.weight"] @ h + w.get(p + f"self_attn.{name}.bias", 0.0)
+        for name in ("q_proj", "k_proj", "v_proj")
+    )
+
+
+def _mlp(w: dict, p: str, h: np.ndarray, c: ModelConfig) -> np.ndarray:
+    if c.fused_gate_up:
+        gate_up = w[p + "mlp.gate_up_proj.weight"] @ h
+        gate, up = np.split(gate_up, 2)
+    else:
+        gate = w[p + "mlp.gate_proj.weight"] @ h + w.get(p + "mlp.gate_proj.bias", 0.0)
+        up = w[p + "mlp.up_proj.weight"] @ h + w.get(p + "mlp.up_proj.bias", 0.0)
+    if c.hidden_act == "silu":
+        act = gate / (1.0 + np.exp(-gate))
+    else:  # gelu_pytorch_tanh
+        act = 0.5 * gate * (1.0 + np.tanh(math.sqrt(2 / math.pi) * (gate + 0.044715 * gate**3)))
+    return w[p + "mlp.down_proj.weight"] @ (act * up) + w.get(p + "mlp.down_proj.bias", 0.0)
+
+
+def _attend(q: np.ndarray, keys: list, values: list, position: int, window: int | None, c: ModelConfig) -> np.ndarray:
+    """q [H, E] over the keys of positions 0 .. position (within the window) -> [H, E]."""
+    group = c.num_attention_heads // c.num_key_value_heads
+    first = 0 if window is None else max(0, position - window + 1)
+    out = np.zeros_like(q)
+    for head in range(q.shape[0]):
+        kv_head = head // group
+        scores = np.array([c.attention_scale * (q[head] @ keys[j][kv_head]) for j in range(first, position + 1)])
+        if c.attn_logit_softcapping:
+            scores = c.attn_logit_softcapping * np.tanh(scores / c.attn_logit_softcapping)
+        weights = np.exp(scores - scores.max())
+        weights /= weights.sum()
+        for weight, j in zip(weights, range(first, position + 1)):
+            out[head] += weight * values[j][kv_head]
+    return out
+
+
+def _rotate(x: np.ndarray, rope: RopeParameters, c: ModelConfig, position: int, seq_len: int) -> np.ndarray:
+    """Rotate dims (i, i + R/2) of each head [heads, E] by position * freq_i, as complex numbers."""
+    frequencies, attention_factor = _frequencies(rope, c.head_dim, c.max_position_embeddings, seq_len)
+    half = len(frequencies)
+    pairs = x[:, :half] + 1j * x[:, half : 2 * half]
+    turned = pairs * np.exp(1j * position * frequencies) * attention_factor
+    return np.concatenate([turned.real, turned.imag, x[:, 2 * half :]], axis=1)
+
+
+def _frequencies(rope: RopeParameters, head_dim: int, max_positions: int, seq_len: int) -> tuple[np.ndarray, float]:
+    """The R/2 rotation frequencies and the attention factor, from transformers' rope-init definitions."""
+    dim = int(head_dim * rope.partial_rotary_factor)
+    base = rope.theta
+    if rope.rope_type == "dynamic" and seq_len > max_positions:
+        base *= (rope.factor * seq_len / max_positions - (rope.factor - 1)) ** (dim / (dim - 2))
+    frequencies = np.array([base ** (-2.0 * i / dim) for i in range(dim // 2)])
+    if rope.rope_type == "linear":
+        return frequencies / rope.factor, 1.0
+    if rope.rope_type == "llama3":
+        return np.array([_llama3(f, rope) for f in frequencies]), 1.0
+    if rope.rope_type == "yarn":
+        return _yarn(frequencies, rope, dim, base)
+    return frequencies, 1.0
+
+
+def _llama3(frequency: float, rope: RopeParameters) -> float:
+    wavelength = 2 * math.pi / frequency
+    old = rope.original_max_position_embeddings
+    if wavelength < old / rope.high_freq_factor:
+        return frequency
+    if wavelength > old / rope.low_freq_factor:
+        return frequency / rope.factor
+    smooth = (old / wavelength - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
+    return (1 - smooth) * frequency / rope.factor + smooth * frequency
+
+
+def _yarn(frequencies: np.ndarray, rope: RopeParameters, dim: int, base: float) -> tuple[np.ndarray, float]:
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 0.1 * m * math.log(scale) + 1.0 if scale > 1 else 1.0
+
+    if rope.attention_factor is not None:
+        attention_factor = rope.attention_factor
+    elif rope.mscale and rope.mscale_all_dim:
+        attention_factor = mscale(rope.factor, rope.mscale) / mscale(rope.factor, rope.mscale_all_dim)
+    else:
+        attention_factor = mscale(rope.factor)
+
+    def correction_dim(rotations: float) -> float:
+        wavelengths = rope.original_max_position_embeddings / (rotations * 2 * math.pi)
+        return dim * math.log(wavelengths) / (2 * math.log(base))
+
+    low, high = correction_dim(rope.beta_fast), correction_dim(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    high = high + 0.001 if low == high else high
+    blended = []
+    for i, frequency in enumerate(frequencies):
+        extrapolate = 1 - min(max((i - low) / (high - low), 0.0), 1.0)  # 1: keep the frequency; 0: divide it
+        blended.append(frequency / rope.factor * (1 - extrapolate) + frequency * extrapolate)
+    return np.array(blended), attention_factor
