@@ -42,7 +42,7 @@ from refllm.kernels.threads import cpu_name, thread_settings
 from refllm.kv import CacheConfig, CacheShape
 from refllm.loading import open_source
 from refllm.models.contract import ModelSource
-from refllm.models.llama import LlamaFamilyModel
+from refllm.models.llama import DTYPES, LlamaFamilyModel
 from refllm.models.weights import checkpoint_shapes
 from refllm.quant.linear import QuantizedTensor, kernel_reads
 from refllm.runtime.embedding import POOLINGS, pooled_hidden_states
@@ -55,7 +55,9 @@ from refllm.runtime.sampling import SamplingParams
 EXIT_USER_ERROR = 1
 EXIT_INTERRUPTED = 130
 PLUGINS = ("refllm.testing.golden", "refllm.server")  # modules whose add_cli(commands) registers more sub-commands
-FLOAT32_HELP = "dequantize a GGUF file's weights to float32 (the spec path) instead of multiplying from its blocks"
+FLOAT32_HELP = "dequantize a GGUF file's weights to float32 instead of multiplying from its blocks"
+DTYPE_HELP = "float32 (default), or float64: ground truth, every step in float64 with the spec ops (slow)"
+REFERENCE_HELP = "run the spec ops (the functions of refllm/nn, plain NumPy) instead of their Numba twins"
 MODEL_HELP = (
     f"catalog name ({', '.join(catalog.CATALOG)}), .gguf file or Hugging Face directory"
     f" (default {catalog.DEFAULT_MODEL})"
@@ -67,7 +69,7 @@ MODEL_HELP = (
 
 def cmd_generate(args: argparse.Namespace) -> int:
     params = _sampling_params(args)
-    model = _load(args.model, chat=args.chat, quantized=not args.float32)
+    model = _load(args.model, chat=args.chat, **_precision(args))
     if args.chat:
         prompt_ids = _chat_ids(model.tokenizer, [{"role": "user", "content": args.prompt}])
     else:
@@ -86,7 +88,7 @@ CHAT_HELP = "/reset clears the conversation, /exit (or Ctrl-D) quits, Ctrl-C sto
 
 def cmd_chat(args: argparse.Namespace) -> int:
     params = _sampling_params(args)
-    model = _load(args.model, chat=True, quantized=not args.float32)
+    model = _load(args.model, chat=True, **_precision(args))
     engine = Engine(LLMExecutor(LLM(model), offload=False), model.tokenizer)
     start = [{"role": "system", "content": args.system}] if args.system else []
     messages = list(start)
@@ -178,7 +180,7 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
         raise InvalidInputError(f"--window {args.window} is too short: a window scores tokens after its first")
     if args.stride is not None and args.stride > args.window:
         raise InvalidInputError(f"--stride {args.stride} is longer than --window {args.window}")
-    model = _load(args.model)
+    model = _load(args.model, **_precision(args))
     context = model.config.context_length
     if args.window > context:
         raise InvalidInputError(f"--window {args.window} is longer than {args.model}'s context of {context} tokens")
@@ -375,36 +377,61 @@ def cmd_pull(args: argparse.Namespace) -> int:
 # ---- models: open, check, load -----------------------------------------------------------------------
 
 
-def _open(name: str, quantized: bool = False) -> ModelSource:
+def _precision(args: argparse.Namespace) -> dict:
+    """The --float32 / --dtype / --reference flags -> _load's keywords: quantized blocks only for the float32 fast path."""
+    dtype, reference = getattr(args, "dtype", "float32"), getattr(args, "reference", False) or None
+    return {
+        "quantized": not getattr(args, "float32", True) and dtype == "float32" and not reference,
+        "dtype": dtype,
+        "reference": reference,
+    }
+
+
+def _add_precision_flags(parser: argparse.ArgumentParser, float32: bool = True) -> None:
+    if float32:
+        parser.add_argument("--float32", action="store_true", help=FLOAT32_HELP)
+    parser.add_argument("--dtype", choices=DTYPES, default="float32", help=DTYPE_HELP)
+    parser.add_argument("--reference", action="store_true", help=REFERENCE_HELP)
+
+
+def _open(name: str, quantized: bool = False, dtype: str = "float32") -> ModelSource:
     """A catalog name (pulled on first use), a .gguf file or a Hugging Face directory -> its ModelSource.
 
     ``quantized``: a GGUF file's matrices stay in their blocks where a quantized kernel reads them.
     """
     if name in catalog.CATALOG:
-        return open_source(catalog.pull(name), quantized=quantized)
+        return open_source(catalog.pull(name), quantized=quantized, dtype=dtype)
     if not Path(name).expanduser().exists():
         raise InvalidInputError(
             f"{name} is neither a catalog model ({', '.join(catalog.CATALOG)}) nor an existing file or directory"
         )
-    return open_source(name, quantized=quantized)
+    return open_source(name, quantized=quantized, dtype=dtype)
 
 
-def _load(name: str, *, text: bool = True, chat: bool = False, quantized: bool = False) -> LlamaFamilyModel:
+def _load(
+    name: str,
+    *,
+    text: bool = True,
+    chat: bool = False,
+    quantized: bool = False,
+    dtype: str = "float32",
+    reference: bool | None = None,
+) -> LlamaFamilyModel:
     """Open the model, refuse what cannot work (before the slow part), then load its weights with progress."""
-    source = _open(name, quantized)
+    source = _open(name, quantized, dtype)
     if text and source.tokenizer is None:
         raise InvalidInputError(f"{name} has no tokenizer, so it cannot read or write text")
     if chat and source.tokenizer.chat_template is None:
         raise InvalidInputError(
             f"{name} has no chat template, so it cannot chat; `refllm generate` continues plain text with it"
         )
-    needed, available = weight_bytes(source, quantized), available_memory()
+    needed, available = weight_bytes(source, quantized, dtype), available_memory()
     if available is not None and needed > available:
         raise InvalidInputError(
             f"{name} needs about {_size(needed)} for its weights, more than the {_size(available)} of memory available"
         )
     with progress.task(f"loading {name}", total=len(checkpoint_shapes(source.config)), unit="tensor") as bar:
-        return LlamaFamilyModel.load(_CountingSource(source, bar.update))
+        return LlamaFamilyModel.load(_CountingSource(source, bar.update), dtype, reference)
 
 
 class _CountingSource:
@@ -426,10 +453,11 @@ class _CountingSource:
         return self.source.where(name)
 
 
-def weight_bytes(source: ModelSource, quantized: bool) -> int:
-    """Bytes of the loaded weights: 4 a parameter, except the matrices a quantized GGUF load keeps in blocks."""
+def weight_bytes(source: ModelSource, quantized: bool, dtype: str = "float32") -> int:
+    """Bytes of the loaded weights: 4 a parameter (8 in float64), except the matrices a quantized GGUF
+    load keeps in blocks."""
     if not (quantized and isinstance(source, GGUFSource)):
-        return 4 * source.config.num_parameters
+        return np.dtype(dtype).itemsize * source.config.num_parameters
     total = 0
     for tensor in source.header.tensors:
         total += tensor.nbytes if kernel_reads(tensor.type.name, tensor.shape) else 4 * tensor.num_elements
@@ -546,7 +574,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("prompt", metavar="PROMPT", help="the text to continue")
     generate.add_argument("--model", default=catalog.DEFAULT_MODEL, help=MODEL_HELP)
     generate.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    generate.add_argument("--float32", action="store_true", help=FLOAT32_HELP)
+    _add_precision_flags(generate)
     _add_sampling_flags(generate, max_tokens=128)
 
     chat = command(
@@ -561,7 +589,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     chat.add_argument("--model", default=catalog.DEFAULT_MODEL, help=MODEL_HELP)
     chat.add_argument("--system", metavar="TEXT", help="a system message that starts the conversation")
-    chat.add_argument("--float32", action="store_true", help=FLOAT32_HELP)
+    _add_precision_flags(chat)
     _add_sampling_flags(chat, max_tokens=256)
 
     ppl = command(
@@ -575,6 +603,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ppl.add_argument("file", metavar="FILE", help="a UTF-8 text file")
     ppl.add_argument("--model", default=catalog.DEFAULT_MODEL, help=MODEL_HELP)
+    _add_precision_flags(ppl, float32=False)
     ppl.add_argument("--window", type=_positive_int, default=512, metavar="N", help="tokens per window (default 512)")
     ppl.add_argument(
         "--stride", type=_positive_int, metavar="S", help="tokens between window starts (default: half the window)"
@@ -583,7 +612,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--cache",
         choices=("paged", "contiguous"),
         default="paged",
-        help="paged arena with Numba kernels (default) or the contiguous NumPy spec cache",
+        help="the paged arena (default) or the contiguous cache; with --reference, contiguous is the reference",
     )
 
     embed = command(

@@ -44,8 +44,8 @@ class _CacheProxy:
 class RopeBaseOff(LlamaFamilyModel):
     """RoPE frequencies from twice the configured base."""
 
-    def __init__(self, config, weights, tokenizer=None):
-        super().__init__(config, weights, tokenizer)
+    def __init__(self, config, weights, tokenizer=None, *args):
+        super().__init__(config, weights, tokenizer, *args)
         for layer_type, params in config.rope.items():
             params = replace(params, theta=2 * params.theta)
             self.rope_tables[layer_type] = RopeTable(params, config.head_dim, config.max_position_embeddings)
@@ -59,8 +59,8 @@ class InterleavedRope(LlamaFamilyModel):
     common permutation, so permuting the q/k projection rows is that bug.
     """
 
-    def __init__(self, config, weights, tokenizer=None):
-        super().__init__(config, weights, tokenizer)
+    def __init__(self, config, weights, tokenizer=None, *args):
+        super().__init__(config, weights, tokenizer, *args)
         E = config.head_dim
         R = rotary_dims(config.rope_for_layer(0), E)
         within = np.concatenate([np.arange(0, R, 2), np.arange(1, R, 2), np.arange(R, E)])  # [E]
@@ -84,11 +84,11 @@ class ChunkPositionOffByOne(LlamaFamilyModel):
 
 
 class _WrongGroups(_CacheProxy):
-    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None):
+    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=None):
         heads, kv_heads = q.shape[2], self.inner.shape.num_kv_heads
         order = np.argsort(np.arange(heads) % kv_heads, kind="stable")  # query head h reads KV head h % K
         out = np.empty_like(q)
-        out[:, :, order] = self.inner.attention(layer, seq_ids, q[:, :, order], scale, window, softcap)
+        out[:, :, order] = self.inner.attention(layer, seq_ids, q[:, :, order], scale, window, softcap, attend)
         return out
 
 
@@ -102,13 +102,13 @@ class GqaHeadMapping(LlamaFamilyModel):
 class SoftmaxScale(LlamaFamilyModel):
     """Attention scores scaled by 1 / E instead of 1 / sqrt(E) (or Gemma's query_pre_attn_scalar)."""
 
-    def __init__(self, config, weights, tokenizer=None):
-        super().__init__(config.with_overrides(attention_scale=1.0 / config.head_dim), weights, tokenizer)
+    def __init__(self, config, weights, tokenizer=None, *args):
+        super().__init__(config.with_overrides(attention_scale=1.0 / config.head_dim), weights, tokenizer, *args)
 
 
 class _WindowOffByOne(_CacheProxy):
-    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None):
-        return self.inner.attention(layer, seq_ids, q, scale, window and window + 1, softcap)
+    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=None):
+        return self.inner.attention(layer, seq_ids, q, scale, window and window + 1, softcap, attend)
 
 
 class SlidingWindowOffByOne(LlamaFamilyModel):
@@ -119,8 +119,8 @@ class SlidingWindowOffByOne(LlamaFamilyModel):
 
 
 class _RowZeroKeys(_CacheProxy):
-    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None):
-        return self.inner.attention(layer, [seq_ids[0]] * len(seq_ids), q, scale, window, softcap)
+    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=None):
+        return self.inner.attention(layer, [seq_ids[0]] * len(seq_ids), q, scale, window, softcap, attend)
 
 
 class BatchRowsShareKeys(LlamaFamilyModel):

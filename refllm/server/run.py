@@ -80,13 +80,17 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     parser.add_argument("--max-batch", type=int, default=16, help="most sequences decoded together (default 16)")
+    parser.add_argument(
+        "--dtype", choices=("float32", "float64"), default="float32", help="float64: ground truth, with the spec ops"
+    )
+    parser.add_argument("--reference", action="store_true", help="run the spec ops (refllm/nn) instead of the kernels")
     parser.set_defaults(handler=cmd_serve)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from refllm.loading import load_model
 
-    model = load_model(args.model)
+    model = load_model(args.model, dtype=args.dtype, reference=args.reference or None)
     serve(model, host=args.host, port=args.port, model_name=model_id(args.model), max_batch_size=args.max_batch)
     return 0
 

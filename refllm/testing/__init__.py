@@ -1,6 +1,7 @@
 """refllm.testing: the oracle kit for other backends.
 
-Check a backend against refllm's float32 spec: conformance properties over
+Check a backend against refllm's float32 spec (and measure its error against
+the float64 spec, the truth: ``error_against_truth``): conformance properties over
 hypothesis-drawn tiny models (every architecture and flag), named tolerance
 profiles, greedy comparison with the near-tie rule, failures that explain
 themselves, golden files and a pytest plugin. docs/oracle.md walks through it.
@@ -12,7 +13,7 @@ themselves, golden files and a pytest plugin. docs/oracle.md walks through it.
 The modules, bottom up: ``tolerances`` (profiles), ``configs`` (tiny
 ``config.json`` dicts), ``checkpoint`` (a model's config and weights),
 ``backends`` (adapters), ``factories``, ``greedy``, ``strategies``,
-``properties`` and ``explain``, ``suite`` (the runner), ``plugin`` and
+``properties``, ``truth`` and ``explain``, ``suite`` (the runner), ``plugin`` and
 ``conformance`` (pytest), ``golden``, ``hf`` (the transformers backend) and
 ``repro``. Importing this package needs numpy only; the strategies and the
 runner need hypothesis, ``hf`` needs torch and transformers.
@@ -20,7 +21,7 @@ runner need hypothesis, ``hf`` needs torch and transformers.
 
 from refllm.testing.backends import Backend, CallableBackend, LLMBackend, ModelBackend, as_backend, refllm_layer_states
 from refllm.testing.checkpoint import Checkpoint
-from refllm.testing.factories import load_factory, refllm_contiguous, refllm_llm, refllm_paged
+from refllm.testing.factories import load_factory, refllm_contiguous, refllm_float64, refllm_llm, refllm_paged
 from refllm.testing.greedy import GreedyComparison, compare_greedy, compare_greedy_outputs, greedy_tokens
 from refllm.testing.properties import (
     PROPERTIES,
@@ -38,6 +39,7 @@ from refllm.testing.properties import (
     check_truncate,
 )
 from refllm.testing.tolerances import PROFILES, Tolerance, get_profile
+from refllm.testing.truth import ErrorAgainstTruth, error_against_truth
 
 
 def __getattr__(name: str):
@@ -56,6 +58,7 @@ __all__ = [
     "CallableBackend",
     "Checkpoint",
     "ConformanceFailure",
+    "ErrorAgainstTruth",
     "GreedyComparison",
     "LLMBackend",
     "ModelBackend",
@@ -75,11 +78,13 @@ __all__ = [
     "check_truncate",
     "compare_greedy",
     "compare_greedy_outputs",
+    "error_against_truth",
     "first_failure",
     "get_profile",
     "greedy_tokens",
     "load_factory",
     "refllm_contiguous",
+    "refllm_float64",
     "refllm_layer_states",
     "refllm_llm",
     "refllm_paged",

@@ -27,15 +27,18 @@ from refllm.models.weights import canonical_name
 class Checkpoint:
     """config + named float32 tensors (+ the config.json they came from, + an optional tokenizer)."""
 
-    def __init__(self, config_json: dict[str, Any] | None, source, description: str, seed: int | None = None):
+    def __init__(
+        self, config_json: dict[str, Any] | None, source, description: str, seed: int | None = None, dtype="float32"
+    ):
         self.config_json = config_json
+        self.dtype = dtype  # of the tensors the source hands out (a GGUF file dequantizes in it)
         self.seed = seed  # of random weights; None for weights read from files
         self.config: ModelConfig = source.config
         self.tokenizer = getattr(source, "tokenizer", None)
         self.description = description
         self._source = source
         self._path: Path | None = getattr(source, "directory", None)
-        self._reference = None
+        self._models: dict[str, Any] = {}  # the reference models, by dtype
 
     @classmethod
     def random(cls, config_json: dict[str, Any], seed: int = 0) -> Checkpoint:
@@ -47,16 +50,17 @@ class Checkpoint:
         return cls(dict(config_json), source, f"random weights, seed {seed}", seed)
 
     @classmethod
-    def open(cls, name_or_path: str | Path) -> Checkpoint:
-        """A catalog name, or a Hugging Face model directory."""
+    def open(cls, name_or_path: str | Path, dtype: str = "float32") -> Checkpoint:
+        """A catalog name, a .gguf file or a Hugging Face model directory; ``dtype`` "float64" reads
+        a GGUF file's blocks in float64, so the truth model sees no float32 rounding."""
         from refllm import catalog
         from refllm.loading import open_source
 
         path = catalog.pull(name_or_path) if str(name_or_path) in catalog.CATALOG else name_or_path
-        source = open_source(path)
+        source = open_source(path, dtype=dtype)
         config_file = Path(path) / "config.json"
         config_json = json.loads(config_file.read_text()) if config_file.is_file() else None
-        return cls(config_json, source, str(name_or_path))
+        return cls(config_json, source, str(name_or_path), dtype=dtype)
 
     # --- ModelSource -----------------------------------------------------------------
 
@@ -97,13 +101,14 @@ class Checkpoint:
         tensors = {name: np.ascontiguousarray(array) for name, array in self.tensors.items()}
         save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
 
-    def reference(self):
-        """The reference: refllm's LlamaFamilyModel over these weights (built once)."""
-        if self._reference is None:
+    def reference(self, dtype: str = "float32"):
+        """The reference: refllm's LlamaFamilyModel over these weights with the spec ops, in ``dtype``
+        (float32; float64 is the truth every error is measured against). Built once per dtype."""
+        if dtype not in self._models:
             from refllm.models.llama import LlamaFamilyModel
 
-            self._reference = LlamaFamilyModel.load(self)
-        return self._reference
+            self._models[dtype] = LlamaFamilyModel.load(self, dtype=dtype, reference=True)
+        return self._models[dtype]
 
     def weights_sha256(self) -> str:
         """sha256 over the tensors in name order: name, NUL, shape (int64 LE), float32 LE bytes."""

@@ -28,6 +28,7 @@ from refllm.testing.checkpoint import Checkpoint
 from refllm.testing.factories import refllm_contiguous
 from refllm.testing.properties import PROPERTIES
 from refllm.testing.tolerances import Tolerance
+from refllm.testing.truth import error_against_truth
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,13 @@ def first_divergent_layer(backend: Backend, reference: Backend, tokens: list[int
     )
 
 
+def _error_against_truth(backend: Backend, checkpoint: Checkpoint, tokens: list[int]) -> str:
+    try:
+        return error_against_truth(backend, checkpoint, tokens).describe()
+    except Exception as error:  # noqa: BLE001 - a diagnosis must not hide the failure it explains
+        return f"{backend.name} could not give all-position logits ({type(error).__name__}: {error})"
+
+
 def explain(
     case: Case, mismatch, backend: Backend, checkpoint: Checkpoint, profile: Tolerance, spec: str | None
 ) -> str:
@@ -131,6 +139,7 @@ def explain(
         lines.append(
             f"  layers: {first_divergent_layer(backend, refllm_contiguous(checkpoint), mismatch.tokens, profile)}"
         )
+        lines.append(f"  truth:  {_error_against_truth(backend, checkpoint, mismatch.tokens)}")
     if spec and case.seed is not None:
         lines.append(f"  repro:  python -m refllm.testing.repro --backend {spec} {shlex.quote(case.to_json())}")
     elif case.seed is not None:

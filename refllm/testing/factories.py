@@ -2,9 +2,11 @@
 
 The kit builds every backend it checks through a factory, once per drawn
 model, so the backend runs exactly the checkpoint's weights. refllm's own
-paths are factories here: ``refllm_paged`` (Numba kernels over the paged
-arena), ``refllm_llm`` (the runtime's ``LLM``) and ``refllm_contiguous`` (the
-spec path, which is the reference).
+paths are factories here: ``refllm_paged`` (the fast op set's Numba kernels
+over the paged arena), ``refllm_llm`` (the runtime's ``LLM``),
+``refllm_contiguous`` (the spec ops on the contiguous cache: the float32
+reference) and ``refllm_float64`` (the same in float64: the truth every error
+is measured against).
 """
 
 from __future__ import annotations
@@ -78,5 +80,10 @@ def refllm_llm(checkpoint) -> LLMBackend:
 
 
 def refllm_contiguous(checkpoint) -> ModelBackend:
-    """refllm's spec path: NumPy attention over contiguous arrays (the reference itself)."""
+    """refllm's float32 spec path: the functions of refllm/nn over contiguous arrays (the reference itself)."""
     return ModelBackend(checkpoint.reference(), CacheConfig(kind="contiguous"), "refllm spec")
+
+
+def refllm_float64(checkpoint) -> ModelBackend:
+    """refllm's spec path in float64: ground truth."""
+    return ModelBackend(checkpoint.reference("float64"), CacheConfig(kind="contiguous"), "refllm float64")

@@ -3,7 +3,8 @@
     refllm golden dump --model M --prompts prompts.txt --out golden.safetensors
     refllm golden check golden.safetensors --backend mypkg.backend:factory
 
-``dump`` runs the reference (refllm's float32 spec path) and records, per
+``dump`` runs the reference (refllm's spec path, in float32 or, with
+``dtype="float64"``, in float64: the truth) and records, per
 prompt, the token ids, logits at the last and at chosen positions (full and
 top-k), a greedy continuation with each step's top-k, and optionally the
 hidden states around every layer, plus metadata naming the model, a hash of
@@ -27,7 +28,8 @@ from refllm.errors import InvalidInputError
 from refllm.testing.backends import Backend, as_backend
 from refllm.testing.checkpoint import Checkpoint
 from refllm.testing.explain import count, state_name
-from refllm.testing.factories import load_factory, refllm_contiguous
+from refllm.models.llama import DTYPES, dtype_name
+from refllm.testing.factories import load_factory, refllm_contiguous, refllm_float64
 from refllm.testing.greedy import compare_greedy_outputs, greedy_tokens, top_candidates
 from refllm.testing.tolerances import PROFILES, Tolerance, get_profile
 
@@ -90,12 +92,17 @@ def dump(
     top_k: int = 10,
     positions: int = 8,
     hidden_states: bool = False,
+    dtype: str = "float32",
 ) -> dict[str, str]:
-    """Run the reference on ``prompts`` and write the golden file ``out`` -> its metadata."""
+    """Run the reference on ``prompts`` in ``dtype`` and write the golden file ``out`` -> its metadata.
+
+    The logits and hidden states are stored in ``dtype`` (F32 or F64 tensors; the metadata's ``dtype``
+    says which): a float64 file holds the truth a backend's error is measured against.
+    """
     from safetensors.numpy import save_file
 
     get_profile(profile)
-    reference = refllm_contiguous(checkpoint)
+    reference = {"float32": refllm_contiguous, "float64": refllm_float64}[dtype_name(dtype)](checkpoint)
     context = checkpoint.config.context_length
     tensors: dict[str, np.ndarray] = {}
     for i, prompt in enumerate(prompts):
@@ -129,7 +136,7 @@ def dump(
             checkpoint.config_json if checkpoint.config_json is not None else vars(checkpoint.config), default=str
         ),
         "weights_sha256": checkpoint.weights_sha256(),
-        "dtype": "float32",
+        "dtype": dtype_name(dtype),
         "tolerance_profile": profile,
         "num_prompts": str(len(prompts)),
         "new_tokens": str(new_tokens),
@@ -266,6 +273,9 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     )
     dump_parser.add_argument("--hidden-states", action="store_true", help="also store hidden states around every layer")
     dump_parser.add_argument(
+        "--dtype", default="float32", choices=DTYPES, help="compute and store in float32 (default) or float64 (truth)"
+    )
+    dump_parser.add_argument(
         "--profile", default="float32", choices=sorted(PROFILES), help="tolerance profile a check uses"
     )
     dump_parser.set_defaults(handler=cmd_dump)
@@ -283,7 +293,7 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
-    checkpoint = Checkpoint.open(args.model)
+    checkpoint = Checkpoint.open(args.model, args.dtype)
     prompts = read_prompts(args.prompts, checkpoint.tokenizer)
     metadata = dump(
         checkpoint,
@@ -295,15 +305,16 @@ def cmd_dump(args: argparse.Namespace) -> int:
         args.top_k,
         args.positions,
         args.hidden_states,
+        args.dtype,
     )
-    print(f"{args.out}: {len(prompts)} prompts from {args.model} (weights sha256 {metadata['weights_sha256'][:12]})")
+    print(f"{args.out}: {len(prompts)} {args.dtype} prompts from {args.model} (weights sha256 {metadata['weights_sha256'][:12]})")
     return 0
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     golden = Golden.load(args.golden)
     model = args.model or golden.metadata["model"]
-    checkpoint = Checkpoint.open(model)
+    checkpoint = Checkpoint.open(model, golden.metadata.get("dtype", "float32"))  # as dump read the weights
     expected_hash, actual_hash = golden.metadata["weights_sha256"], checkpoint.weights_sha256()
     if actual_hash != expected_hash:
         raise GoldenModelMismatchError(
