@@ -1,0 +1,147 @@
+"""The two op sets of the one forward pass: the spec (refllm/nn alone) and its kernel twins.
+
+- The spec path imports no Numba, so it calls no compiled function, and importing
+  refllm sets no environment variable (both checked in a fresh process).
+- Spec ops against fast ops in float32, on both caches, property-tested within a
+  bound derived from float32 rounding: each path's error against the float64
+  truth is rounding of the same operations in another order, so their
+  difference stays within a small multiple of the spec's own error against truth.
+- The combinations that cannot run are refused before anything is computed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import refllm
+from refllm.config import ModelConfig
+from refllm.kv import CacheConfig
+from refllm.models.contract import InMemorySource
+from refllm.models.llama import LlamaFamilyModel, ModelDtypeError
+from refllm.models.random import random_tensors
+from refllm.testing.truth import relative_error
+
+HF = Path(__file__).parent / "data" / "hf"
+ARCHITECTURES = sorted(p.name for p in HF.iterdir() if (p / "config.json").exists())
+# How many times the float32 spec's own error against truth two float32 evaluations of the same
+# operations may differ by: each is within the spec's error of truth (x2), and the kernels' sums
+# in other orders carry up to twice the rounding of NumPy's pairwise ones (x2). An error in the
+# math (a bias dropped, a wrong rotation) is orders of magnitude past it.
+ROUNDING_MULTIPLE = 4.0
+# A floor for cases whose float32 spec happens to match truth almost exactly: 16 float32 ulps.
+ULP_FLOOR = 16 * 2.0**-24
+
+
+def run_fresh(code: str) -> str:
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=HF.parents[2])
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_import_loads_no_numba_and_sets_no_environment_variable():
+    out = run_fresh(
+        "import os, sys; before = dict(os.environ); import refllm, refllm.nn, refllm.config;"
+        " print('numba' in sys.modules, dict(os.environ) == before)"
+    )
+    assert out.split() == ["False", "True"]
+
+
+def test_a_spec_forward_calls_no_compiled_function():
+    """A spec-ops forward on the contiguous cache never imports Numba: no compiled function can run."""
+    out = run_fresh(
+        "import sys, numpy as np, refllm; from refllm.kv import CacheConfig;"
+        f" m = refllm.load_model({str(HF / 'gemma3_text')!r}, reference=True);"
+        " c = m.create_kv_cache(CacheConfig(kind='contiguous'));"
+        " m.prefill(np.array([[1, 2, 3]]), c, range(3)); m.decode(np.array([[4]]), c);"
+        " print(m.ops.name, 'numba' in sys.modules)"
+    )
+    assert out.split() == ["spec", "False"]
+
+
+def model(name: str, dtype: str = "float32", reference: bool | None = None, seed: int = 0) -> LlamaFamilyModel:
+    config = ModelConfig.from_hf(json.loads((HF / name / "config.json").read_text()))
+    return LlamaFamilyModel.load(InMemorySource(config, random_tensors(config, seed)), dtype, reference)
+
+
+def logits_over(m: LlamaFamilyModel, kind: str, tokens: list[int], prompt: int) -> np.ndarray:
+    """Prefill ``prompt`` tokens (all logits), then decode the rest one at a time -> [T, V]."""
+    cache = m.create_kv_cache(CacheConfig(kind=kind, block_size=4))
+    rows = list(m.prefill_all_logits(np.array([tokens[:prompt]]), cache, range(prompt))[0])
+    rows += [m.decode(np.array([[t]]), cache)[0] for t in tokens[prompt:]]
+    return np.stack(rows)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    name=st.sampled_from(ARCHITECTURES),
+    kind=st.sampled_from(["contiguous", "paged"]),
+    seed=st.integers(0, 3),
+    tokens=st.lists(st.integers(0, 127), min_size=2, max_size=21),
+    data=st.data(),
+)
+def test_spec_and_fast_ops_agree_within_float32_rounding(name, kind, seed, tokens, data):
+    prompt = data.draw(st.integers(1, len(tokens)), label="prompt")
+    truth = logits_over(model(name, "float64", seed=seed), "contiguous", tokens, prompt)
+    spec = logits_over(model(name, reference=True, seed=seed), kind, tokens, prompt)
+    fast = logits_over(model(name, reference=False, seed=seed), kind, tokens, prompt)
+    bound = ROUNDING_MULTIPLE * max(relative_error(spec, truth), ULP_FLOOR)
+    assert relative_error(fast, spec) <= bound
+
+
+def test_the_rounding_bound_catches_a_dropped_bias():
+    """The bound is tight enough to see a real bug: the fast path without q/k/v biases."""
+    tokens = [3, 17, 99, 5, 64, 2, 8]
+    truth = logits_over(model("qwen2", "float64"), "contiguous", tokens, 4)
+    spec = logits_over(model("qwen2", reference=True), "contiguous", tokens, 4)
+    broken = model("qwen2", reference=False)
+    for layer in broken.weights.layers:
+        layer.q_proj_bias = layer.k_proj_bias = layer.v_proj_bias = None
+    fast = logits_over(broken, "paged", tokens, 4)
+    assert relative_error(fast, spec) > 100 * ROUNDING_MULTIPLE * relative_error(spec, truth)
+
+
+def test_float64_runs_every_step_in_float64():
+    m = model("gemma3_text", "float64")
+    assert m.ops.name == "spec" and m.metadata.dtype == "float64"
+    assert m.embed(np.array([[1, 2]])).dtype == np.float64
+    cache = m.create_kv_cache()
+    assert m.prefill_hidden(np.array([[1, 2]]), cache, range(2)).dtype == np.float64
+    assert m.decode_all_logits(np.array([[3, 4]]), cache).dtype == np.float64
+    assert m.rope_tables["full_attention"].lookup(np.array([[5]]))[0].dtype == np.float64
+
+
+def test_float64_runs_under_the_runtime():
+    llm = refllm.LLM(model("llama", "float64"))
+    first = llm.prefill(0, [1, 2, 3])
+    assert first.dtype == np.float64
+    assert llm.decode(0, int(np.argmax(first)), 3).dtype == np.float64
+
+
+@pytest.mark.parametrize(
+    "keywords",
+    [
+        {"dtype": "float64", "reference": False},  # the kernels compute in float32
+        {"dtype": "float16"},
+        {"dtype": "float64", "quantize": "q8_0"},
+        {"reference": True, "quantize": "q8_0"},  # the spec reads dequantized weights
+    ],
+)
+def test_combinations_that_cannot_run_are_refused_before_loading(keywords):
+    with pytest.raises(ModelDtypeError):
+        refllm.load_model(HF / "llama", **keywords)
+
+
+def test_a_float64_model_refuses_float32_weights():
+    config = ModelConfig.from_hf(json.loads((HF / "llama" / "config.json").read_text()))
+    weights = LlamaFamilyModel.load(InMemorySource(config, random_tensors(config))).weights
+    with pytest.raises(ModelDtypeError, match="float64 weights"):
+        LlamaFamilyModel(config, weights, dtype="float64")
+
