@@ -12,7 +12,8 @@ from refllm import CacheConfig
 from refllm.errors import CacheCapacityError, ContextLengthError, InvalidInputError, TokenOutOfRangeError
 from refllm.io.tokenizer import Tokenizer
 from refllm.runtime.engine import Engine
-from refllm.runtime.executor import ConfigurableModelExecutor, LLMExecutor
+from refllm.runtime.configurable_executor import ConfigurableModelExecutor
+from refllm.runtime.executor import LLMExecutor
 from refllm.runtime.generate import generate_stream
 from refllm.runtime.llm import LLM
 from refllm.runtime.sampling import SamplingParams, SamplingParamsError
@@ -39,7 +40,9 @@ def assert_all_free(engine: Engine) -> None:
 
 
 def test_64_requests_through_a_small_arena_on_the_scripted_executor():
-    executor = ConfigurableModelExecutor.with_token_sequence(32, CYCLE, block_size=4, num_blocks=40)
+    executor = ConfigurableModelExecutor.with_token_sequence(
+        32, CYCLE, counting="sequence", block_size=4, num_blocks=40
+    )
     engine = Engine(executor, max_batch_size=16)
     requests = mixed_requests(64, seed=0, vocab_size=32)
     handles = [engine.submit(prompt, SamplingParams(max_tokens=n)) for prompt, n in requests]
@@ -54,7 +57,9 @@ def test_64_requests_through_a_small_arena_on_the_scripted_executor():
 
 
 def test_requests_stop_at_eos_on_the_scripted_executor():
-    executor = ConfigurableModelExecutor.with_eos_after(16, 5, eos_token=0, block_size=4, num_blocks=16)
+    executor = ConfigurableModelExecutor.with_eos_after(
+        16, 5, eos_token=0, counting="sequence", token=3, block_size=4, num_blocks=16
+    )
     engine = Engine(executor)
     results = engine.generate([[1, 2, 3], [4] * 20, [5]], SamplingParams(max_tokens=10))
     assert engine.stats.largest_batch == 3  # generate() runs its prompts together
@@ -115,7 +120,7 @@ def test_streamed_text_never_splits_a_character_and_hides_a_stop_string():
     script = tokenizer.encode("hello 🙂 world STOP after", add_special_tokens=False)
     assert len(tokenizer.encode("🙂", add_special_tokens=False)) > 1  # the emoji arrives in byte pieces
     assert len(tokenizer.encode(" STOP", add_special_tokens=False)) > 1  # so does the stop string
-    executor = ConfigurableModelExecutor.with_token_sequence(tokenizer.vocab_size, script)
+    executor = ConfigurableModelExecutor.with_token_sequence(tokenizer.vocab_size, script, counting="sequence")
     engine = Engine(executor, tokenizer)
     deltas = list(engine.submit("the", SamplingParams(stop=(" STOP",), max_tokens=50)))
     assert all("\ufffd" not in d.text for d in deltas)
@@ -125,7 +130,9 @@ def test_streamed_text_never_splits_a_character_and_hides_a_stop_string():
 
 
 def test_cancel_frees_the_blocks_at_once():
-    executor = ConfigurableModelExecutor.with_token_sequence(16, CYCLE, block_size=4, num_blocks=64)
+    executor = ConfigurableModelExecutor.with_token_sequence(
+        16, CYCLE, counting="sequence", block_size=4, num_blocks=64
+    )
     engine = Engine(executor)
     handles = [engine.submit([1] * 9, SamplingParams(max_tokens=40)) for _ in range(3)]
     for _ in range(3):
@@ -190,7 +197,7 @@ def test_an_executor_failure_ends_every_request_and_frees_its_blocks(background)
 
 def test_generate_works_inside_a_running_event_loop():
     """As in a notebook, whose cells run inside an event loop."""
-    executor = ConfigurableModelExecutor.with_token_sequence(16, CYCLE)
+    executor = ConfigurableModelExecutor.with_token_sequence(16, CYCLE, counting="sequence")
     engine = Engine(executor)
 
     async def cell():

@@ -12,8 +12,8 @@ import pytest
 from refllm import CacheConfig
 from refllm.errors import InvalidInputError, PositionError, TokenOutOfRangeError, UnknownSequenceError
 from refllm.kv import OutOfBlocksError
+from refllm.runtime.configurable_executor import ConfigurableModelExecutor
 from refllm.runtime.executor import (
-    ConfigurableModelExecutor,
     DecodeInput,
     ExecutorShutdownError,
     KvCacheHandle,
@@ -45,8 +45,8 @@ def real_executor(**options) -> LLMExecutor:
 
 
 def cycle_executor(**options) -> ConfigurableModelExecutor:
-    """Shaped like the real one (vocabulary 64, context 64, 64 blocks of 4)."""
-    shape = dict(block_size=4, num_blocks=64, context_length=64)
+    """Shaped like the real one (vocabulary 64, context 64, 64 blocks of 4); each sequence cycles on its own."""
+    shape = dict(block_size=4, num_blocks=64, context_length=64, counting="sequence")
     return ConfigurableModelExecutor.with_token_sequence(64, [3, 5, 7], **(shape | options))
 
 
@@ -134,11 +134,46 @@ def greedy(executor, prompt, steps) -> list[int]:
     return asyncio.run(run())
 
 
-def test_scripted_executors_follow_their_scripts():
-    assert greedy(cycle_executor(), [1, 2], 7) == [3, 5, 7, 3, 5, 7, 3]
-    eos = ConfigurableModelExecutor.with_eos_after(8, 3, eos_token=7)
-    tokens = greedy(eos, [7, 7], 5)
-    assert tokens[3] == 7 and 7 not in tokens[:3] and eos.info().eos_token_ids == (7,)
+def test_cycles_through_the_given_token_sequence_as_ferrum_does():
+    """ferrum's testkit: the prefill answers tokens[0] uncounted; decode call k answers tokens[k % len]."""
+    assert greedy(ConfigurableModelExecutor.with_token_sequence(16, [7, 8, 9]), [1, 2], 6) == [7, 7, 8, 9, 7, 8]
+
+
+def test_emits_eos_after_n_decode_steps_as_ferrum_does():
+    """ferrum's testkit: 42 from the prefill, 42 from decode calls 0 .. n-1, EOS from call n on."""
+    executor = ConfigurableModelExecutor.with_eos_after(64, 3, eos_token=2)
+    assert greedy(executor, [5, 6], 6) == [42, 42, 42, 42, 2, 2]
+    assert executor.info().eos_token_ids == (2,)
+
+
+def test_ferrum_counting_is_one_counter_for_the_whole_executor():
+    executor = ConfigurableModelExecutor.with_token_sequence(16, [7, 8, 9])
+
+    async def interleaved():
+        a, b = await executor.prefill(PrefillInput([1])), await executor.prefill(PrefillInput([2]))
+        answers = [int(np.argmax(a.logits)), int(np.argmax(b.logits))]
+        for _ in range(2):
+            for name, handle in (("a", a), ("b", b)):
+                out = await executor.decode(DecodeInput(answers[-1], handle))
+                a, b = (out.kv_cache, b) if name == "a" else (a, out.kv_cache)
+                answers.append(int(np.argmax(out.logits)))
+        return answers
+
+    assert asyncio.run(interleaved()) == [7, 7, 7, 8, 9, 7]
+
+
+def test_per_sequence_counting_is_kept_as_an_option():
+    cycle = ConfigurableModelExecutor.with_token_sequence(16, [7, 8, 9], counting="sequence")
+    assert greedy(cycle, [1, 2], 5) == [7, 8, 9, 7, 8]
+    eos = ConfigurableModelExecutor.with_eos_after(64, 3, eos_token=2, counting="sequence")
+    assert greedy(eos, [5, 6], 5) == [42, 42, 42, 2, 2]
+
+
+def test_a_bad_counting_or_token_is_refused():
+    with pytest.raises(InvalidInputError, match="counting"):
+        ConfigurableModelExecutor.with_token_sequence(16, [7], counting="global")
+    with pytest.raises(InvalidInputError, match="token=42"):
+        ConfigurableModelExecutor.with_eos_after(16, 3, eos_token=2)
 
 
 def test_scripted_executor_simulates_the_block_arena():

@@ -30,7 +30,8 @@ from refllm.models.contract import InMemorySource
 from refllm.models.llama import LlamaFamilyModel
 from refllm.models.random import random_tensors
 from refllm.runtime.engine import Engine
-from refllm.runtime.executor import ConfigurableModelExecutor, LLMExecutor
+from refllm.runtime.configurable_executor import ConfigurableModelExecutor
+from refllm.runtime.executor import LLMExecutor
 from refllm.runtime.llm import LLM
 from refllm.runtime.sampling import SamplingParams
 from refllm.server import BackgroundServer, add_cli, create_app

@@ -10,7 +10,8 @@ import pytest
 
 from refllm import CacheConfig
 from refllm.errors import InvalidInputError
-from refllm.runtime.executor import ConfigurableModelExecutor, LLMExecutor
+from refllm.runtime.configurable_executor import ConfigurableModelExecutor
+from refllm.runtime.executor import LLMExecutor
 from refllm.runtime.llm import LLM
 from refllm.runtime.sampling import SamplingParams
 from refllm.runtime.speculative import DraftModelDrafter, PromptLookupDrafter, speculative_generate
@@ -47,7 +48,7 @@ def test_greedy_speculation_emits_exactly_the_greedy_tokens(k):
 
 
 def test_prompt_lookup_drafts_a_repeating_script_in_few_rounds():
-    target = ConfigurableModelExecutor.with_token_sequence(16, [1, 2, 3, 4])
+    target = ConfigurableModelExecutor.with_token_sequence(16, [1, 2, 3, 4], counting="sequence")
     result = run(target, PromptLookupDrafter(), [1, 2, 3, 4], SamplingParams(max_tokens=33), k=4)
     assert result.token_ids == [1, 2, 3, 4] * 8 + [1]
     assert result.rounds <= 8 and result.acceptance_rate > 0.9

@@ -13,10 +13,9 @@ handle (its cache has moved on or been released) is refused.
 Two implementations:
 
     LLMExecutor(LLM(model))              a real model; calls run one at a time on a worker thread
-    ConfigurableModelExecutor.with_token_sequence(vocab_size, tokens)
-    ConfigurableModelExecutor.with_eos_after(vocab_size, n, eos_token)
-                                         scripted logits and a simulated block arena: no weights,
+    ConfigurableModelExecutor            scripted logits and a simulated block arena: no weights,
                                          for testing schedulers and servers
+                                         (refllm/runtime/configurable_executor.py)
 """
 
 from __future__ import annotations
@@ -31,18 +30,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 import numpy as np
 
 from refllm.errors import InvalidInputError, PositionError, UnknownSequenceError
-from refllm.kv import OutOfBlocksError
-from refllm.runtime.llm import (
-    LLM,
-    LLMConfig,
-    blocks_for,
-    check_cache_id,
-    check_decode_items,
-    check_position,
-    check_prompt,
-    check_room,
-    check_truncate,
-)
+from refllm.runtime.llm import LLM
 
 T = TypeVar("T")
 
@@ -284,179 +272,3 @@ def _decode_input(request: Any) -> DecodeInput:
     if not isinstance(request, DecodeInput) or not isinstance(request.kv_cache, KvCacheHandle):
         raise InvalidInputError(f"expected a DecodeInput with a KvCacheHandle; got {request!r:.80}")
     return request
-
-
-# --- the scripted stand-in ----------------------------------------------------------------------------
-
-NextLogits = Callable[[Sequence[int], Sequence[int]], np.ndarray]  # (prompt, fed since) -> logits [V]
-
-
-@dataclass
-class _ScriptedCache:
-    tokens: list[int]
-    prompt_length: int  # tokens of the prefill that created the cache
-
-
-class ScriptedLM:
-    """What ``LLM`` offers, with logits from ``next_logits(prompt, fed_since_prompt)`` and no weights.
-
-    The "prompt" is what the prefill that created a cache fed; tokens fed
-    after it (decodes, appended chunks) are the second argument, so a script
-    can count generation steps. Blocks are simulated: each cache holds
-    ceil(tokens / block_size) of ``num_blocks``, and running out raises
-    OutOfBlocksError, with nothing changed, as the paged arena does. Input is
-    validated by the same checks as ``LLM``.
-    """
-
-    name = "scripted"
-    num_parameters = 0
-
-    def __init__(
-        self,
-        vocab_size: int,
-        next_logits: NextLogits,
-        *,
-        eos_token_ids: tuple[int, ...] = (),
-        context_length: int = 2048,
-        block_size: int = 16,
-        num_blocks: int = 1024,
-    ):
-        self.next_logits = next_logits
-        self._caches: dict[Hashable, _ScriptedCache] = {}
-        self.config = LLMConfig(
-            vocab_size, context_length, tuple(eos_token_ids), block_size, num_blocks, False, self._free_blocks
-        )
-
-    def cache_ids(self) -> list[Hashable]:
-        return list(self._caches)
-
-    def length(self, cache_id: Hashable) -> int:
-        return len(self._cache(cache_id).tokens)
-
-    def prefill(self, cache_id: Hashable, tokens: Sequence[int]) -> np.ndarray:
-        tokens = check_prompt(tokens, self.config.vocab_size).tolist()
-        cache = self._caches.get(check_cache_id(cache_id))
-        held = cache.tokens if cache else []
-        check_room(cache_id, len(held), len(tokens), self.config.context_length)
-        self._reserve({cache_id: len(held) + len(tokens)})
-        updated = _ScriptedCache(held + tokens, cache.prompt_length if cache else len(tokens))
-        logits = self._logits(updated)
-        self._caches[cache_id] = updated
-        return logits
-
-    def decode(self, cache_id: Hashable, token: int, pos: int) -> np.ndarray:
-        return self.decode_batch([(cache_id, token, pos)])[0]
-
-    def decode_batch(self, items: Sequence[tuple[Hashable, int, int]]) -> list[np.ndarray]:
-        cache_ids, tokens = check_decode_items(items, self.length, self.config)
-        self._reserve({c: self.length(c) + 1 for c in cache_ids})
-        updated = {
-            c: _ScriptedCache([*self._caches[c].tokens, int(t)], self._caches[c].prompt_length)
-            for c, t in zip(cache_ids, tokens)
-        }
-        rows = [self._logits(cache) for cache in updated.values()]
-        self._caches.update(updated)
-        return rows
-
-    def decode_all_logits(self, cache_id: Hashable, tokens: Sequence[int], pos: int) -> np.ndarray:
-        tokens = check_prompt(tokens, self.config.vocab_size).tolist()
-        check_position(cache_id, pos, self.length(cache_id))
-        check_room(cache_id, pos, len(tokens), self.config.context_length)
-        self._reserve({cache_id: pos + len(tokens)})
-        cache = self._caches[cache_id]
-        rows = np.stack(
-            [
-                self._logits(_ScriptedCache(cache.tokens + tokens[: t + 1], cache.prompt_length))
-                for t in range(len(tokens))
-            ]
-        )
-        cache.tokens.extend(tokens)
-        return rows
-
-    def score(self, tokens: Sequence[int]) -> np.ndarray:
-        tokens = check_prompt(tokens, self.config.vocab_size).tolist()
-        check_room("score", 0, len(tokens), self.config.context_length)
-        return np.stack([self._logits(_ScriptedCache(tokens[: t + 1], t + 1)) for t in range(len(tokens))])
-
-    def fork(self, source_id: Hashable, new_id: Hashable) -> None:
-        source = self._cache(source_id)
-        if check_cache_id(new_id) in self._caches:
-            raise InvalidInputError(f"cannot fork into cache id {new_id!r}: it is live")
-        self._reserve({new_id: len(source.tokens)})
-        self._caches[new_id] = _ScriptedCache(list(source.tokens), source.prompt_length)
-
-    def truncate(self, cache_id: Hashable, length: int) -> None:
-        cache = self._cache(cache_id)
-        length = check_truncate(cache_id, length, len(cache.tokens))
-        del cache.tokens[length:]
-        cache.prompt_length = min(cache.prompt_length, length)
-
-    def release(self, cache_id: Hashable) -> None:
-        self._cache(cache_id)
-        del self._caches[cache_id]
-
-    def reset(self) -> None:
-        self._caches.clear()
-
-    def _cache(self, cache_id: Hashable) -> _ScriptedCache:
-        if check_cache_id(cache_id) not in self._caches:
-            raise UnknownSequenceError(f"unknown cache id {cache_id!r}")
-        return self._caches[cache_id]
-
-    def _logits(self, cache: _ScriptedCache) -> np.ndarray:
-        p = cache.prompt_length
-        return np.asarray(self.next_logits(cache.tokens[:p], cache.tokens[p:]), np.float32)
-
-    def _blocks_for(self, num_tokens: int) -> int:
-        return blocks_for(num_tokens, self.config.block_size)
-
-    def _free_blocks(self) -> int:
-        return self.config.num_blocks - sum(self._blocks_for(len(c.tokens)) for c in self._caches.values())
-
-    def _reserve(self, new_lengths: dict[Hashable, int]) -> None:
-        """Refuse, changing nothing, unless the blocks for ``new_lengths`` (cache id -> tokens) are free."""
-        needed = sum(
-            self._blocks_for(n) - self._blocks_for(len(self._caches[c].tokens) if c in self._caches else 0)
-            for c, n in new_lengths.items()
-        )
-        if needed > self._free_blocks():
-            raise OutOfBlocksError(f"{needed} more blocks needed; {self._free_blocks()} are free")
-
-
-class ConfigurableModelExecutor(LLMExecutor):
-    """An executor over ``ScriptedLM``: scripted tokens, a simulated block arena, no weights.
-
-    Options: eos_token_ids, context_length, block_size, num_blocks (of
-    ScriptedLM) and max_batch_size.
-    """
-
-    def __init__(self, vocab_size: int, next_logits: NextLogits, *, max_batch_size: int = 64, **options: Any):
-        super().__init__(ScriptedLM(vocab_size, next_logits, **options), max_batch_size=max_batch_size, offload=False)
-
-    @classmethod
-    def with_token_sequence(cls, vocab_size: int, tokens: Sequence[int], **options: Any) -> ConfigurableModelExecutor:
-        """The i-th token after a cache's prompt is tokens[i % len(tokens)], by a wide margin."""
-        tokens = check_prompt(tokens, vocab_size).tolist()
-        return cls(
-            vocab_size, lambda prompt, fed: one_hot_logits(vocab_size, tokens[len(fed) % len(tokens)]), **options
-        )
-
-    @classmethod
-    def with_eos_after(cls, vocab_size: int, n: int, eos_token: int, **options: Any) -> ConfigurableModelExecutor:
-        """``n`` tokens other than ``eos_token`` after each prompt, then ``eos_token`` (also the EOS id)."""
-        if vocab_size < 2 or n < 0 or not 0 <= eos_token < vocab_size:
-            raise InvalidInputError("with_eos_after needs vocab_size >= 2, n >= 0 and an eos_token in range")
-
-        def script(prompt: Sequence[int], fed: Sequence[int]) -> np.ndarray:
-            step = len(fed)
-            token = eos_token if step >= n else (eos_token + 1 + step % (vocab_size - 1)) % vocab_size
-            return one_hot_logits(vocab_size, token)
-
-        return cls(vocab_size, script, **({"eos_token_ids": (eos_token,)} | options))
-
-
-def one_hot_logits(vocab_size: int, token: int, margin: float = 30.0) -> np.ndarray:
-    """Logits [V] that put all but e^-margin of the probability on ``token``."""
-    logits = np.zeros(vocab_size, np.float32)
-    logits[token] = margin
-    return logits
