@@ -57,7 +57,7 @@ def test_decode_batch_applies_each_weight_once_to_the_whole_batch(monkeypatch):
     for i, n in enumerate([2, 5, 7]):
         llm.prefill(i, list(range(n)))
     rows_seen, forwards = [], []
-    real_linear, real_forward = llm.model.ops.linear, llm.model.forward
+    real_linear, real_forward = llm.model.ops.linear, llm.model.forward_step
 
     def recording_linear(x, *args):
         rows_seen.append(x.shape[:-1])
@@ -65,7 +65,7 @@ def test_decode_batch_applies_each_weight_once_to_the_whole_batch(monkeypatch):
 
     # every projection (attention, MLP, LM head) goes through the op set's linear
     monkeypatch.setattr(llm.model, "ops", dataclasses.replace(llm.model.ops, linear=recording_linear))
-    monkeypatch.setattr(llm.model, "forward", lambda *a: forwards.append(1) or real_forward(*a))
+    monkeypatch.setattr(llm.model, "forward_step", lambda *a: forwards.append(1) or real_forward(*a))
     llm.decode_batch([(0, 1, 2), (1, 2, 5), (2, 3, 7)])
     assert len(forwards) == 1
     per_layer = 7  # q, k, v, o, gate, up, down

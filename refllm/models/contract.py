@@ -8,6 +8,12 @@ batch's sequences under ids ``0 .. B-1``; ``pos`` is the range of positions
 ``x`` occupies, starting at the cache's length, so a prompt can arrive in
 chunks.
 
+The runtime (``LLM``, the executors, ``Engine``, speculative decoding, the
+server) talks to a model through this protocol alone. Its one ragged call,
+``forward_step``, runs sequences of different lengths in one step (a batched
+decode, a chunk appended to one sequence among many), each named by its own
+id in the cache; ``logits`` turns its hidden states into logits.
+
 ``ModelSource`` is the seam between files and models: a config, named
 tensors in Hugging Face naming and layout (float32 or float64), and an optional
 tokenizer. ``refllm/io`` implements it for Hugging Face directories and GGUF
@@ -16,6 +22,7 @@ files; a test can hand a model an ``InMemorySource``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -68,6 +75,15 @@ class GenerativeModel(Protocol):
 
     def prefill_hidden(self, x: np.ndarray, cache: KVCache, pos: range) -> np.ndarray:
         """-> final hidden states (after the final norm), [B, T, D] (embeddings)."""
+
+    def forward_step(self, x: np.ndarray, cache: KVCache, seq_ids: Sequence[int]) -> np.ndarray:
+        """The ragged step. x: [B, T, D] embeddings (from ``embed``); row b continues sequence
+        ``seq_ids[b]`` of ``cache`` at its own length (an id the cache does not hold starts empty)
+        -> final hidden states (after the final norm), [B, T, D]. The cache's other sequences are
+        untouched, and a step that fails leaves every sequence as it was."""
+
+    def logits(self, hidden: np.ndarray) -> np.ndarray:
+        """Final hidden states [..., D] -> logits [..., V]."""
 
 
 class ModelSource(Protocol):

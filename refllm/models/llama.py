@@ -1,6 +1,6 @@
 """LlamaFamilyModel: one forward pass for Llama, Mistral, Qwen2/3, Phi-3 and Gemma 3.
 
-The architectures differ only by flags in ``ModelConfig``; ``forward`` follows
+The architectures differ only by flags in ``ModelConfig``; ``_forward`` follows
 one token's path and each step is a call into the model's op set
 (``refllm/models/ops.py``): the functions of ``refllm/nn`` themselves (``spec``)
 or their Numba twins (``fast``). Attention runs behind the cache, with the op
@@ -16,6 +16,7 @@ set's attention or, for ``fast``, the cache's own kernels.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -88,7 +89,7 @@ class LlamaFamilyModel:
             context_length=c.context_length,
             num_parameters=c.num_parameters,
             bos_token_id=c.bos_token_id,
-            eos_token_ids=c.eos_token_ids,
+            eos_token_ids=tuple(self.tokenizer.eos_token_ids) if self.tokenizer is not None else c.eos_token_ids,
             dtype=self.dtype.name,
         )
 
@@ -114,7 +115,7 @@ class LlamaFamilyModel:
 
     def prefill(self, x: np.ndarray, cache: KVCache, pos: range) -> np.ndarray:
         """-> logits of the last position, [B, V]."""
-        hidden = self._run(x, cache, pos)
+        hidden = self._forward_positions(x, cache, pos)
         return self.logits(hidden[:, -1])
 
     def decode(self, x: np.ndarray, cache: KVCache) -> np.ndarray:
@@ -126,7 +127,7 @@ class LlamaFamilyModel:
 
     def prefill_all_logits(self, x: np.ndarray, cache: KVCache, pos: range) -> np.ndarray:
         """-> [B, T, V]."""
-        return self.logits(self._run(x, cache, pos))
+        return self.logits(self._forward_positions(x, cache, pos))
 
     def decode_all_logits(self, x: np.ndarray, cache: KVCache) -> np.ndarray:
         """x: n new positions per sequence -> [B, n, V]."""
@@ -135,19 +136,37 @@ class LlamaFamilyModel:
 
     def prefill_hidden(self, x: np.ndarray, cache: KVCache, pos: range) -> np.ndarray:
         """-> final hidden states, [B, T, D]."""
-        return self._run(x, cache, pos)
+        return self._forward_positions(x, cache, pos)
 
-    def _run(self, x: np.ndarray, cache: KVCache, pos: range) -> np.ndarray:
+    def forward_step(self, x: np.ndarray, cache: KVCache, seq_ids: Sequence[int]) -> np.ndarray:
+        """The ragged step: x [B, T, D] embeddings, row b continuing sequence seq_ids[b] of ``cache`` at
+        its own length (a new id starts empty) -> final hidden states [B, T, D]."""
+        x = self._check_x(x)
+        if np.issubdtype(x.dtype, np.integer):
+            raise InvalidInputError("forward_step takes embeddings [B, T, D]; embed the token ids first")
+        seq_ids = list(seq_ids)
+        if len(seq_ids) != x.shape[0] or len(set(seq_ids)) != len(seq_ids):
+            raise InvalidInputError(f"forward_step needs one distinct sequence id per row of x; got {seq_ids}")
+        for seq_id in seq_ids:
+            end = (cache.length(seq_id) if seq_id in cache else 0) + x.shape[1]
+            if end > self.config.context_length:
+                raise ContextLengthError(
+                    f"sequence {seq_id} would reach {end} positions, past the context length {self.config.context_length}"
+                )
+        return self._forward(x, cache, seq_ids)
+
+    def _forward_positions(self, x: np.ndarray, cache: KVCache, pos: range) -> np.ndarray:
+        """The contract's positional form: rows 0 .. B-1 of the cache at positions ``pos`` -> hidden [B, T, D]."""
         x = self._check_x(x)
         seq_ids = list(range(x.shape[0]))
         self._check_positions(cache, seq_ids, x.shape[1], pos)
         if np.issubdtype(x.dtype, np.integer):
             x = self.ops.embed(x, self.weights.embed_tokens, self.config.embedding_scale)
-        return self.forward(x, cache, seq_ids)
+        return self._forward(x, cache, seq_ids)
 
     # ---- the forward pass: no checks below this line -----------------------------------------
 
-    def forward(self, x: np.ndarray, cache: KVCache, seq_ids: list[int]) -> np.ndarray:
+    def _forward(self, x: np.ndarray, cache: KVCache, seq_ids: list[int]) -> np.ndarray:
         """x: [B, T, D] embeddings of row b at positions cache.length(b) .. + T -> final hidden [B, T, D]."""
         num_new = x.shape[1]
         starts = np.array([cache.length(s) if s in cache else 0 for s in seq_ids])

@@ -12,7 +12,9 @@ input before it changes anything, and a forward pass that fails (say the
 arena runs out of blocks) is rolled back, so a refused call leaves the LLM as
 it was.
 
-``decode_batch`` is one ``model.forward`` over [B, 1, D]: each weight matrix
+The model is any ``GenerativeModel`` (``refllm/models/contract.py``) whose
+``create_kv_cache`` gives a paged arena: the LLM calls only the protocol.
+``decode_batch`` is one ``model.forward_step`` over [B, 1, D]: each weight matrix
 is applied once to the B stacked rows, and only attention runs per sequence,
 inside the arena's kernel, over that sequence's own blocks.
 
@@ -41,7 +43,7 @@ from refllm.errors import (
 )
 from refllm.kv import CacheConfig
 from refllm.kv.paged import ArenaStats, PagedKVArena
-from refllm.models.llama import LlamaFamilyModel
+from refllm.models.contract import GenerativeModel
 
 DecodeItem = tuple[Hashable, int, int]  # (cache_id, token, pos)
 
@@ -72,17 +74,17 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 class LLM:
     """Cache-id keyed prefill / decode / decode_batch / release over a ``PagedKVArena``."""
 
-    def __init__(self, model: LlamaFamilyModel, cache_config: CacheConfig | None = None):
+    def __init__(self, model: GenerativeModel, cache_config: CacheConfig | None = None):
         cache = model.create_kv_cache(cache_config or CacheConfig())
         if not isinstance(cache, PagedKVArena):
             raise InvalidInputError(f"LLM runs over the paged arena; cache_config asks for {cache_config.kind!r}")
         self.model = model
         self.arena = cache
-        eos = model.tokenizer.eos_token_ids if model.tokenizer is not None else model.config.eos_token_ids
+        metadata = model.metadata
         self.config = LLMConfig(
-            vocab_size=model.config.vocab_size,
-            context_length=model.config.context_length,
-            eos_token_ids=tuple(eos),
+            vocab_size=metadata.vocab_size,
+            context_length=metadata.context_length,
+            eos_token_ids=tuple(metadata.eos_token_ids),
             block_size=cache.block_size,
             num_blocks=cache.num_blocks,
             prefix_caching=cache.config.prefix_caching,
@@ -95,11 +97,11 @@ class LLM:
 
     @property
     def name(self) -> str:
-        return self.model.config.model_type
+        return self.model.metadata.architecture
 
     @property
     def num_parameters(self) -> int:
-        return self.model.config.num_parameters
+        return self.model.metadata.num_parameters
 
     def cache_ids(self) -> list[Hashable]:
         return list(self._seq_ids)
@@ -208,7 +210,7 @@ class LLM:
         cached = self.arena.match_prefix(seq_id, tokens)
         try:
             self.arena.reserve([seq_id], len(tokens) - cached)
-            hidden = self.model.forward(self.model.embed(tokens[None, cached:]), self.arena, [seq_id])
+            hidden = self.model.forward_step(self.model.embed(tokens[None, cached:]), self.arena, [seq_id])
         except BaseException:
             self.arena.free(seq_id)
             raise
@@ -222,7 +224,7 @@ class LLM:
         for seq_id, row in zip(seq_ids, tokens):
             self.arena.register_tokens(seq_id, row)
         try:
-            return self.model.forward(self.model.embed(tokens), self.arena, seq_ids)
+            return self.model.forward_step(self.model.embed(tokens), self.arena, seq_ids)
         except BaseException:
             for seq_id, length in zip(seq_ids, lengths):
                 self.arena.truncate(seq_id, length)  # also forgets the token ids registered above
