@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import fields
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -67,14 +66,8 @@ class LlamaFamilyModel:
         }
 
     @classmethod
-    def load(
-        cls, source: ModelSource | str | Path, dtype: str = "float32", reference: bool | None = None
-    ) -> LlamaFamilyModel:
-        """Build the model from a ModelSource, or from a path (a Hugging Face directory or a .gguf file)."""
-        if isinstance(source, (str, Path)):
-            from refllm.loading import open_source  # the path is a convenience; the seam is ModelSource
-
-            source = open_source(source, dtype=dtype)
+    def load(cls, source: ModelSource, dtype: str = "float32", reference: bool | None = None) -> LlamaFamilyModel:
+        """Build the model from a ModelSource (``refllm.load_model`` opens one from a path or a catalog name)."""
         weights = assemble(source.config, source, np.dtype(dtype_name(dtype)))
         return cls(source.config, weights, source.tokenizer, dtype, reference)
 
