@@ -150,12 +150,13 @@ def test_ferrum_counting_is_one_counter_for_the_whole_executor():
     executor = ConfigurableModelExecutor.with_token_sequence(16, [7, 8, 9])
 
     async def interleaved():
-        a, b = await executor.prefill(PrefillInput([1])), await executor.prefill(PrefillInput([2]))
-        answers = [int(np.argmax(a.logits)), int(np.argmax(b.logits))]
+        first, second = await executor.prefill(PrefillInput([1])), await executor.prefill(PrefillInput([2]))
+        answers = [int(np.argmax(first.logits)), int(np.argmax(second.logits))]
+        handles = [first.kv_cache, second.kv_cache]
         for _ in range(2):
-            for name, handle in (("a", a), ("b", b)):
-                out = await executor.decode(DecodeInput(answers[-1], handle))
-                a, b = (out.kv_cache, b) if name == "a" else (a, out.kv_cache)
+            for i in range(2):  # a decode call of the first sequence, then of the second
+                out = await executor.decode(DecodeInput(answers[-1], handles[i]))
+                handles[i] = out.kv_cache
                 answers.append(int(np.argmax(out.logits)))
         return answers
 
