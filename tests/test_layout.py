@@ -1,0 +1,103 @@
+"""The package's layout rules (docs/architecture.md): imports point down, no circles, short modules.
+
+Every ``import`` in ``refllm/`` (at the top of a module or inside a function)
+is read with ``ast``. A module may import its own layer and the layers below
+it, never above; the import graph between modules has no cycle; no module is
+longer than 400 lines.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import refllm
+
+PACKAGE = Path(refllm.__file__).parent
+MAX_LINES = 400
+
+# Bottom to top. A module's layer is that of the longest prefix of its dotted name listed here.
+LAYERS = [
+    ("refllm.errors", "refllm.config", "refllm.config_checks", "refllm.machine", "refllm.progress"),
+    ("refllm.nn",),
+    ("refllm.kernels",),
+    ("refllm.quant",),
+    ("refllm.kv",),
+    ("refllm.models",),
+    ("refllm.io",),
+    ("refllm.catalog", "refllm.loading"),
+    ("refllm.runtime",),
+    ("refllm.testing",),
+    ("refllm.server",),
+    ("refllm.commands", "refllm.cli", "refllm.__main__", "refllm"),
+]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer(name: str) -> int:
+    best = max(
+        ((len(prefix), rank) for rank, group in enumerate(LAYERS) for prefix in group
+         if name == prefix or name.startswith(prefix + ".")),
+        default=None,
+    )
+    assert best is not None, f"{name} has no layer in tests/test_layout.py"
+    return best[1]
+
+
+def imported_modules(path: Path) -> set[str]:
+    """The refllm modules ``path`` imports, resolved to modules that exist (``from pkg import module`` too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # ``from package import module`` imports that module; ``from module import name``, the module
+            names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module for a in node.names]
+        else:
+            continue
+        found |= {name for name in names if name in MODULES}
+    return found - {"refllm"}  # the package itself: its version, or the way to a submodule
+
+
+FILES = sorted(PACKAGE.rglob("*.py"))
+MODULES = {module_name(path): path for path in FILES}
+GRAPH = {name: imported_modules(path) - {name} for name, path in MODULES.items()}
+
+
+def test_imports_point_down():
+    upward = [
+        f"{name} imports {target}"
+        for name, targets in GRAPH.items()
+        for target in targets
+        if layer(target) > layer(name)
+    ]
+    assert upward == []
+
+
+def test_no_import_circles():
+    graph = {name: targets for name, targets in GRAPH.items() if name != "refllm"}  # the front door re-exports
+    state: dict[str, str] = {}
+    cycles = []
+
+    def visit(name: str, stack: list[str]) -> None:
+        state[name] = "open"
+        for target in sorted(graph.get(name, ())):
+            if state.get(target) == "open":
+                cycles.append(" -> ".join(stack[stack.index(target) :] + [target]))
+            elif target not in state:
+                visit(target, stack + [target])
+        state[name] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert cycles == []
+
+
+def test_every_module_is_short():
+    long = {module_name(path): n for path in FILES if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert long == {}
