@@ -72,7 +72,13 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 class LLM:
     """Cache-id keyed prefill / decode / decode_batch / release over a ``PagedKVArena``."""
 
-    def __init__(self, model: LlamaFamilyModel, cache_config: CacheConfig | None = None):
+    def __init__(
+        self, model: LlamaFamilyModel, cache_config: CacheConfig | None = None, context_length: int | None = None
+    ):
+        """``context_length``: most tokens a sequence may hold; default (and most) the model's context."""
+        limit = model.config.context_length
+        if context_length is not None and not 1 <= context_length <= limit:
+            raise ContextLengthError(f"context_length {context_length} must be in [1, {limit}], the model's context")
         cache = model.create_kv_cache(cache_config or CacheConfig())
         if not isinstance(cache, PagedKVArena):
             raise InvalidInputError(f"LLM runs over the paged arena; cache_config asks for {cache_config.kind!r}")
@@ -81,7 +87,7 @@ class LLM:
         eos = model.tokenizer.eos_token_ids if model.tokenizer is not None else model.config.eos_token_ids
         self.config = LLMConfig(
             vocab_size=model.config.vocab_size,
-            context_length=model.config.context_length,
+            context_length=context_length or limit,
             eos_token_ids=tuple(eos),
             block_size=cache.block_size,
             num_blocks=cache.num_blocks,
@@ -183,6 +189,13 @@ class LLM:
         """Free ``cache_id``'s blocks; the full ones stay in the prefix cache until evicted."""
         self.arena.free(self._seq_id(cache_id))
         del self._seq_ids[check_cache_id(cache_id)]
+
+    def warm_up(self) -> None:
+        """A two-token prefill and one decode step: the kernels a request needs compile (or load from cache) now."""
+        cache_id = ("warm-up",)  # no caller's id is a tuple of this string
+        self.prefill(cache_id, [0, 0])
+        self.decode(cache_id, 0, 2)
+        self.release(cache_id)
 
     def reset(self) -> None:
         """Release every cache id and empty the prefix cache."""
