@@ -78,16 +78,21 @@ def _no_chat_template(name: str) -> InvalidInputError:
     )
 
 
-def start_engine(model: LlamaFamilyModel, context: int | None = None) -> Engine:
-    """An engine over the model for one user, its kernels compiled (with a notice) before the first request.
+def warm_llm(model: LlamaFamilyModel, context: int | None = None) -> LLM:
+    """An LLM over the model, its kernels compiled (with a notice) or loaded from the cache before any request.
 
-    ``context`` caps the tokens of a conversation, and sizes the KV arena for it.
+    ``context`` caps the tokens of a sequence, and sizes the KV arena for one such sequence.
     """
     cache = CacheConfig() if context is None else CacheConfig(num_blocks=blocks_for(context, CacheConfig.block_size))
     llm = LLM(model, cache, context_length=context)
     with progress.compiling_kernels():
         llm.warm_up()
-    return Engine(LLMExecutor(llm, offload=False), model.tokenizer)
+    return llm
+
+
+def start_engine(model: LlamaFamilyModel, context: int | None = None) -> Engine:
+    """An engine for one user at a time, stepped by its caller; see ``warm_llm``."""
+    return Engine(LLMExecutor(warm_llm(model, context), offload=False), model.tokenizer)
 
 
 class _CountingSource:
