@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import io
 import json
+import os
 import re
 import signal
 import subprocess
@@ -366,9 +367,11 @@ def test_debug_after_the_command_raises_instead(tiny):
         cli.main(["info", tiny, "--context", "100000", "--debug"])
 
 
-def refllm_process(*argv: str, stdin: str = "") -> subprocess.CompletedProcess:
+def refllm_process(*argv: str, stdin: str = "", home: Path | None = None) -> subprocess.CompletedProcess:
+    """``python -m refllm ARGV``, the real entry point; ``home``: its $REFLLM_HOME."""
     command = [sys.executable, "-m", "refllm", *argv]
-    return subprocess.run(command, input=stdin, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    env = os.environ | ({"REFLLM_HOME": str(home)} if home is not None else {})
+    return subprocess.run(command, input=stdin, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
 
 
 def test_a_bad_flag_value_is_one_line_without_traceback():

@@ -69,6 +69,8 @@ def add_generation_flags(parser: argparse.ArgumentParser, max_tokens: int) -> No
 
 def sampling_params(args: argparse.Namespace, stop: tuple[str, ...] = ()) -> SamplingParams:
     """The sampling flags as SamplingParams; a bad value is a UsageError naming its flag."""
+    if "" in stop:
+        raise UsageError("argument --stop: a stop string cannot be empty")
     settings = {field: getattr(args, field) for field in SAMPLING_FLAGS}
     return checked_params(settings, stop=stop, name=lambda field: f"argument {SAMPLING_FLAGS[field]}")
 
