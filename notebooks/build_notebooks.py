@@ -51,13 +51,15 @@ def build(name: str) -> nbformat.NotebookNode:
     notebook_cells = cells((SOURCES / name.replace(".ipynb", ".py")).read_text(encoding="utf-8"))
     for index, cell in enumerate(notebook_cells):
         cell["id"] = f"cell-{index:02d}"
-    notebook = new_notebook(cells=notebook_cells, metadata={"kernelspec": KERNELSPEC, "language_info": {"name": "python"}})
+    notebook = new_notebook(
+        cells=notebook_cells, metadata={"kernelspec": KERNELSPEC, "language_info": {"name": "python"}}
+    )
     nbformat.validate(notebook)
     return notebook
 
 
 def execute(notebook: nbformat.NotebookNode, kernel_name: str = "python3") -> nbformat.NotebookNode:
-    """Run every cell in a fresh kernel, in this folder; a cell that raises raises here (nbclient's CellExecutionError)."""
+    """Run every cell in a fresh kernel, in this folder; a cell that raises raises here (CellExecutionError)."""
     import nbclient
 
     client = nbclient.NotebookClient(
@@ -101,7 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         stale = {name: reason for name in names if (reason := stale_reason(name))}
         for name, reason in stale.items():
-            print(f"{name}: {reason}; run python notebooks/build_notebooks.py {name.removesuffix('.ipynb')}", file=sys.stderr)
+            print(
+                f"{name}: {reason}; run python notebooks/build_notebooks.py {name.removesuffix('.ipynb')}",
+                file=sys.stderr,
+            )
         return 1 if stale else 0
     for name in names:
         print(f"running notebooks/{name} ...", file=sys.stderr, flush=True)

@@ -50,7 +50,11 @@ from refllm.runtime.llm import blocks_for
 EXIT_USER_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
-PLUGINS = ("refllm.testing.golden", "refllm.server", "refllm.commands.models")  # modules whose add_cli(commands) registers more sub-commands
+PLUGINS = (
+    "refllm.testing.golden",
+    "refllm.server",
+    "refllm.commands.models",
+)  # modules whose add_cli(commands) registers more sub-commands
 FLOAT32_HELP = "dequantize a GGUF file's weights to float32 (the spec path) instead of multiplying from its blocks"
 MODEL_HELP = (
     f"catalog name ({', '.join(catalog.CATALOG)}), .gguf file or Hugging Face directory"

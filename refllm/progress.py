@@ -73,8 +73,9 @@ class _CompileCounter(event.Listener):
         if self.bar is not None:
             self.bar.close()
         seconds = time.perf_counter() - self.start
-        print(f"compiled {self.compiled} kernels in {seconds:.1f} s; later runs load them from the cache",
-              file=sys.stderr)
+        print(
+            f"compiled {self.compiled} kernels in {seconds:.1f} s; later runs load them from the cache", file=sys.stderr
+        )
 
 
 COMPILE_NOTICE = "compiling the Numba kernels: once, on first use (`refllm warmup` does it ahead of time)"

@@ -189,7 +189,10 @@ def test_chat_commands_through_the_real_entry_point(tiny, tmp_path):
     assert re.search(r"temperature +0\.5", err) and "unknown command /frobnicate" in err
     talk = json.loads(saved.read_text())
     assert talk["system"] == "Be terse." and talk["settings"]["temperature"] == 0.5
-    assert [m["content"] for m in talk["messages"] if m["role"] == "user"] == ["line one\nline two", "and a \ncontinued line"]
+    assert [m["content"] for m in talk["messages"] if m["role"] == "user"] == [
+        "line one\nline two",
+        "and a \ncontinued line",
+    ]
 
 
 def test_load_restores_the_conversation_and_a_bad_file_changes_nothing(tiny, tmp_path, capsys, monkeypatch):

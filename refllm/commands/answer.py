@@ -1,6 +1,6 @@
 """Streaming one answer to stdout, and the stats line the peers print after it (on stderr).
 
-    prompt 9 tokens, 210.4 tokens/s | generated 20 tokens, 31.7 tokens/s | stopped: token limit (--max-tokens 20)
+prompt 9 tokens, 210.4 tokens/s | generated 20 tokens, 31.7 tokens/s | stopped: token limit (--max-tokens 20)
 """
 
 from __future__ import annotations

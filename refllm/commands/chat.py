@@ -76,7 +76,13 @@ class ChatSession:
         if not text.startswith("/"):
             self._answer(text, engine, tokenizer)
             return
-        actions = {"/help": self._help, "/set": self._set, "/save": self._save, "/load": self._load, "/reset": self._reset}
+        actions = {
+            "/help": self._help,
+            "/set": self._set,
+            "/save": self._save,
+            "/load": self._load,
+            "/reset": self._reset,
+        }
         if command not in actions:
             _say(f"unknown command {command}; /help lists the commands")
             return
@@ -88,7 +94,9 @@ class ChatSession:
     def _answer(self, text: str, engine: Engine, tokenizer: Tokenizer) -> None:
         self.messages.append({"role": "user", "content": text})
         try:
-            answer, stats = stream_answer(engine, chat_ids(tokenizer, self.conversation()), self.params, ctrl_c_stops=True)
+            answer, stats = stream_answer(
+                engine, chat_ids(tokenizer, self.conversation()), self.params, ctrl_c_stops=True
+            )
         except InvalidInputError as error:  # a conversation past the context, say: the chat goes on
             self.messages.pop()
             _say(f"refllm: {error}; /reset starts a new conversation")
@@ -156,15 +164,15 @@ class ChatSession:
 def _read_saved(saved, name: str) -> tuple[list[dict], str | None, dict]:
     """A /save file's (messages, system message, settings), each checked; nothing half-read is kept."""
     if not isinstance(saved, dict) or saved.get("format") != FORMAT:
-        raise InvalidInputError(f"{name} is not a conversation saved by /save (no \"format\": \"{FORMAT}\")")
+        raise InvalidInputError(f'{name} is not a conversation saved by /save (no "format": "{FORMAT}")')
     messages, system, settings = saved.get("messages"), saved.get("system"), saved.get("settings", {})
     roles = ("user", "assistant")
     if not isinstance(messages, list) or not all(
         isinstance(m, dict) and m.get("role") in roles and isinstance(m.get("content"), str) for m in messages
     ):
-        raise InvalidInputError(f"{name}: \"messages\" must be a list of {{\"role\": user|assistant, \"content\": text}}")
+        raise InvalidInputError(f'{name}: "messages" must be a list of {{"role": user|assistant, "content": text}}')
     if system is not None and not isinstance(system, str):
-        raise InvalidInputError(f"{name}: \"system\" must be text or null")
+        raise InvalidInputError(f'{name}: "system" must be text or null')
     if not isinstance(settings, dict) or set(settings) - set(SAMPLING_FLAGS):
         raise InvalidInputError(f"{name}: \"settings\" may hold only {', '.join(SAMPLING_FLAGS)}")
     return [{"role": m["role"], "content": m["content"]} for m in messages], system, settings
@@ -222,7 +230,7 @@ def _user_lines() -> Iterator[str]:
 
 
 def _start_history() -> Path | None:
-    """Turn on readline's line editing, with the history of earlier chats; -> the history file (None without readline)."""
+    """Turn on readline's line editing with the history of earlier chats -> the history file (None: no readline)."""
     try:
         import readline
     except ImportError:  # Windows without pyreadline: plain input() still works

@@ -54,9 +54,7 @@ def port_number(text: str) -> int:
 
 def add_generation_flags(parser: argparse.ArgumentParser, max_tokens: int) -> None:
     flag = parser.add_argument
-    flag(
-        "--max-tokens", type=positive_int, default=max_tokens, metavar="N", help=f"most tokens (default {max_tokens})"
-    )
+    flag("--max-tokens", type=positive_int, default=max_tokens, metavar="N", help=f"most tokens (default {max_tokens})")
     flag("--temperature", type=float, default=0.0, metavar="T", help="0 is greedy (default); higher is more random")
     flag("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass (default 1.0: off)")
     flag("--top-k", type=int, default=0, metavar="K", help="sample among the k most likely (default 0: off)")

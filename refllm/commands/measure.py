@@ -21,7 +21,6 @@ from refllm.models.contract import ModelSource
 from refllm.quant.linear import QuantizedTensor
 from refllm.runtime.llm import LLM, blocks_for
 
-
 # ---- info --------------------------------------------------------------------------------------------
 
 
@@ -51,7 +50,11 @@ def cmd_info(args: argparse.Namespace) -> int:
         "tensors": tensor_types,
         "tokenizer": "none" if tokenizer is None else f"chat template: {'yes' if tokenizer.chat_template else 'no'}",
         "weights": f"{common.size(weights)} as float32"
-        + (f"; {common.size(common.weight_bytes(source, quantized=True))} quantized" if isinstance(source, GGUFSource) else ""),
+        + (
+            f"; {common.size(common.weight_bytes(source, quantized=True))} quantized"
+            if isinstance(source, GGUFSource)
+            else ""
+        ),
         "KV cache": f"{common.size(kv_per_token)} per token; {common.size(kv)} for {context:,} tokens",
         "memory": f"{common.size(weights + kv)} for float32 weights and the KV cache"
         + ("" if available is None else f"; {common.size(available)} available"),

@@ -1,8 +1,8 @@
 """``refllm list``, ``refllm rm`` and ``refllm warmup``: the pulled models, and the kernels compiled ahead.
 
-    refllm list                  pulled catalog models: size, path, and whether the file still matches its checksum
-    refllm rm gemma3-270m        delete a pulled model
-    refllm warmup                compile the Numba kernels once, so a later first run starts at once
+refllm list                  pulled catalog models: size, path, and whether the file still matches its checksum
+refllm rm gemma3-270m        delete a pulled model
+refllm warmup                compile the Numba kernels once, so a later first run starts at once
 """
 
 from __future__ import annotations
@@ -75,9 +75,15 @@ def add_cli(commands: argparse._SubParsersAction) -> None:
     )
     listing.add_argument("--fast", action="store_true", help="skip the checksums")
     remove = command(
-        "rm", cmd_rm, "delete a pulled catalog model", "Delete a pulled catalog model's folder.", "refllm rm gemma3-270m"
+        "rm",
+        cmd_rm,
+        "delete a pulled catalog model",
+        "Delete a pulled catalog model's folder.",
+        "refllm rm gemma3-270m",
     )
-    remove.add_argument("name", choices=sorted(catalog.CATALOG), metavar="NAME", help=f"one of {', '.join(catalog.CATALOG)}")
+    remove.add_argument(
+        "name", choices=sorted(catalog.CATALOG), metavar="NAME", help=f"one of {', '.join(catalog.CATALOG)}"
+    )
     warmup = command(
         "warmup",
         cmd_warmup,
@@ -86,5 +92,7 @@ def add_cli(commands: argparse._SubParsersAction) -> None:
         "cached on disk; a later first `generate`, `chat` or `serve` then starts without that wait.",
         "refllm warmup",
     )
-    warmup.add_argument("--model", default=catalog.DEFAULT_MODEL, help=f"{MODEL_HELP} (default {catalog.DEFAULT_MODEL})")
+    warmup.add_argument(
+        "--model", default=catalog.DEFAULT_MODEL, help=f"{MODEL_HELP} (default {catalog.DEFAULT_MODEL})"
+    )
     warmup.add_argument("--float32", action="store_true", help="warm the float32 spec path instead")

@@ -90,7 +90,10 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
         "--max-batch", type=positive_int, default=16, help="most sequences decoded together (default 16)"
     )
     parser.add_argument(
-        "--context", type=positive_int, metavar="N", help="most tokens of a request, prompt and answer (default: the model's)"
+        "--context",
+        type=positive_int,
+        metavar="N",
+        help="most tokens of a request, prompt and answer (default: the model's)",
     )
     parser.set_defaults(handler=cmd_serve)
 
@@ -101,7 +104,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     llm = common.warm_llm(model, args.context)
     engine = Engine(LLMExecutor(llm), model.tokenizer, max_batch_size=args.max_batch)
     name = model_id(args.model)
-    print(f"serving {name} ({model.config.model_type}, {args.model}) at http://{args.host}:{args.port}/v1", file=sys.stderr)
+    where = f"http://{args.host}:{args.port}/v1"
+    print(f"serving {name} ({model.config.model_type}, {args.model}) at {where}", file=sys.stderr)
     serve(engine, host=args.host, port=args.port, model_name=name)
     return 0
 
