@@ -33,7 +33,9 @@ from refllm.commands import common
 from refllm.commands.answer import stream_answer
 from refllm.commands.chat import chat_ids, cmd_chat
 from refllm.commands.flags import (
+    MODEL_HELP,
     UsageError,
+    add_command,
     add_generation_flags,
     batch_sizes,
     positive_int,
@@ -56,10 +58,6 @@ PLUGINS = (
     "refllm.commands.models",
 )  # modules whose add_cli(commands) registers more sub-commands
 FLOAT32_HELP = "dequantize a GGUF file's weights to float32 (the spec path) instead of multiplying from its blocks"
-MODEL_HELP = (
-    f"catalog name ({', '.join(catalog.CATALOG)}), .gguf file or Hugging Face directory"
-    f" (default {catalog.DEFAULT_MODEL})"
-)
 
 
 # ---- generate ---------------------------------------------------------------------------------------
@@ -225,16 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"refllm {refllm.__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_CommandParser)
 
-    def command(name: str, handler, summary: str, description: str, *examples: str) -> argparse.ArgumentParser:
-        sub = commands.add_parser(
-            name,
-            help=summary,
-            description=description,
-            epilog="example" + "s" * (len(examples) > 1) + ":\n" + "\n".join(f"  {e}" for e in examples),
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-        sub.set_defaults(handler=handler)
-        return sub
+    def command(*how) -> argparse.ArgumentParser:
+        return add_command(commands, *how)
 
     generate = command(
         "generate",

@@ -10,9 +10,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+from refllm import catalog
 from refllm.errors import InvalidInputError
 from refllm.runtime.sampling import SamplingParams, SamplingParamsError
 
+MODEL_HELP = (
+    f"catalog name ({', '.join(catalog.CATALOG)}), .gguf file or Hugging Face directory"
+    f" (default {catalog.DEFAULT_MODEL})"
+)
 SAMPLING_FLAGS = {  # SamplingParams field -> its flag; `chat`'s /set takes the same names without the dashes
     "temperature": "--temperature",
     "top_p": "--top-p",
@@ -26,6 +31,21 @@ SAMPLING_FLAGS = {  # SamplingParams field -> its flag; `chat`'s /set takes the 
 
 class UsageError(InvalidInputError):
     """A flag or argument the command cannot accept: exit status 2, like argparse's own refusals."""
+
+
+def add_command(
+    commands: argparse._SubParsersAction, name: str, handler, summary: str, description: str, *examples: str
+) -> argparse.ArgumentParser:
+    """A sub-command whose --help ends with its examples; ``handler(args)`` runs it."""
+    parser = commands.add_parser(
+        name,
+        help=summary,
+        description=description,
+        epilog="example" + "s" * (len(examples) > 1) + ":\n" + "\n".join(f"  {e}" for e in examples),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.set_defaults(handler=handler)
+    return parser
 
 
 def positive_int(text: str) -> int:

@@ -11,9 +11,8 @@ import argparse
 
 from refllm import catalog
 from refllm.commands import common
+from refllm.commands.flags import MODEL_HELP, add_command
 from refllm.runtime.sampling import SamplingParams
-
-MODEL_HELP = f"catalog name ({', '.join(catalog.CATALOG)}), .gguf file or Hugging Face directory"
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -53,18 +52,8 @@ def cmd_warmup(args: argparse.Namespace) -> int:
 def add_cli(commands: argparse._SubParsersAction) -> None:
     """Register ``list``, ``rm`` and ``warmup`` on a ``refllm``-style subparsers object."""
 
-    def command(name: str, handler, summary: str, description: str, example: str) -> argparse.ArgumentParser:
-        parser = commands.add_parser(
-            name,
-            help=summary,
-            description=description,
-            epilog=f"example:\n  {example}",
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-        parser.set_defaults(handler=handler)
-        return parser
-
-    listing = command(
+    listing = add_command(
+        commands,
         "list",
         cmd_list,
         "list the pulled catalog models",
@@ -74,7 +63,8 @@ def add_cli(commands: argparse._SubParsersAction) -> None:
         "refllm list",
     )
     listing.add_argument("--fast", action="store_true", help="skip the checksums")
-    remove = command(
+    remove = add_command(
+        commands,
         "rm",
         cmd_rm,
         "delete a pulled catalog model",
@@ -84,7 +74,8 @@ def add_cli(commands: argparse._SubParsersAction) -> None:
     remove.add_argument(
         "name", choices=sorted(catalog.CATALOG), metavar="NAME", help=f"one of {', '.join(catalog.CATALOG)}"
     )
-    warmup = command(
+    warmup = add_command(
+        commands,
         "warmup",
         cmd_warmup,
         "compile the Numba kernels ahead of the first run",
@@ -92,7 +83,5 @@ def add_cli(commands: argparse._SubParsersAction) -> None:
         "cached on disk; a later first `generate`, `chat` or `serve` then starts without that wait.",
         "refllm warmup",
     )
-    warmup.add_argument(
-        "--model", default=catalog.DEFAULT_MODEL, help=f"{MODEL_HELP} (default {catalog.DEFAULT_MODEL})"
-    )
+    warmup.add_argument("--model", default=catalog.DEFAULT_MODEL, help=MODEL_HELP)
     warmup.add_argument("--float32", action="store_true", help="warm the float32 spec path instead")
