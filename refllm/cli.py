@@ -168,6 +168,9 @@ def perplexity(
 
 
 def cmd_embed(args: argparse.Namespace) -> int:
+    empty = [index + 1 for index, text in enumerate(args.texts) if not text]
+    if empty:
+        raise UsageError(f"argument TEXT: text {empty[0]} is empty; there is nothing to embed")
     model = common.load(args.model)
     data = []
     for index, text in enumerate(args.texts):

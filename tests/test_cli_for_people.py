@@ -56,6 +56,8 @@ def test_version():
         (["perplexity", "README.md", "--window", "8", "--stride", "9"], "", "argument --stride: 9 is longer than"),
         (["serve", "--port", "99999"], "", "argument --port: 99999 is not a port number"),
         (["serve", "--max-batch", "0"], "", "argument --max-batch: 0 must be at least 1"),
+        (["generate", "hi", "--seed", "-1"], "", "argument --seed: -1 must be at least 0"),
+        (["embed", "a", ""], "", "argument TEXT: text 2 is empty"),
     ],
 )
 def test_usage_errors_name_the_flag_and_exit_2_before_loading(argv, stdin, message, tmp_path):
@@ -93,10 +95,25 @@ def test_a_truncated_gguf_is_refused_in_words(tmp_path):
     assert "cut short" in done.stderr and not re.search("unpack|buffer|struct", done.stderr)
 
 
-def test_a_context_past_the_models_is_refused_before_loading(tiny):
-    done = refllm_process("generate", "hi", "--model", tiny, "--context", "100000")
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["generate", "hi", "--context", "100000"], "--context 100000"),
+        (["chat", "--context", "300"], "--context 300"),
+        (["bench", "--prompt-tokens", "200", "--new-tokens", "100"], "--prompt-tokens plus --new-tokens, 300"),
+    ],
+)
+def test_a_context_past_the_models_is_refused_before_loading(argv, flag, tiny):
+    done = refllm_process(*argv, "--model", tiny)
     assert done.returncode == 1 and "loading" not in done.stderr
-    assert done.stderr == f"refllm: error: --context 100000 is longer than {tiny}'s context of 256 tokens\n"
+    assert done.stderr == f"refllm: error: {flag} is longer than {tiny}'s context of 256 tokens\n"
+
+
+def test_a_context_flag_caps_the_answer(tiny):
+    done = refllm_process("generate", PROMPT, "--model", tiny, "--context", "16", "--max-tokens", "100")
+    assert done.returncode == 0, done.stderr
+    prompt_tokens = int(re.search(r"^prompt (\d+) tokens", done.stderr, re.M).group(1))
+    assert STATS.findall(done.stderr) == [(str(16 - prompt_tokens), "context full (16 tokens)")]
 
 
 # ---- generate: stats line, stop strings, stdin, system message ----------------------------------------------
@@ -305,3 +322,13 @@ def test_a_greedy_chat_answer_from_smollm2_ends_on_eos():
     done = refllm_process("generate", "What is the capital of France?", "--chat", "--max-tokens", "64")
     assert done.returncode == 0, done.stderr
     assert "Paris" in done.stdout and STATS.findall(done.stderr)[0][1] == "end of text (EOS)"
+
+
+@pytest.mark.real_model
+def test_the_readme_python_snippet_runs_from_another_folder(tmp_path):
+    real_model_or_skip(SMOLLM2)
+    readme = (ROOT / "README.md").read_text()
+    snippet = re.search(r"## Using it from Python.*?```python\n(.*?)```", readme, re.S).group(1)
+    done = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "Paris"

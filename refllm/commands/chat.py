@@ -183,10 +183,13 @@ def _parse_setting(field: str, value: str) -> int | float | None:
     if field == "seed" and value == "none":
         return None
     try:
-        return int(value) if whole else float(value)
+        number = int(value) if whole else float(value)
     except ValueError:
         kind = "a whole number" if whole else "a number"
         raise UsageError(f"{field.replace('_', '-')} must be {kind}, not {value!r}") from None
+    if field == "seed" and number < 0:
+        raise UsageError(f"seed must be 0 or more (or none), not {number}")
+    return number
 
 
 def _messages(lines: Iterator[str]) -> Iterator[str]:

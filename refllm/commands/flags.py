@@ -49,12 +49,20 @@ def add_command(
 
 
 def positive_int(text: str) -> int:
+    return _whole_number(text, least=1)
+
+
+def seed_number(text: str) -> int:
+    return _whole_number(text, least=0)
+
+
+def _whole_number(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"{value} must be at least {least}")
     return value
 
 
@@ -80,7 +88,7 @@ def add_generation_flags(parser: argparse.ArgumentParser, max_tokens: int) -> No
     flag("--top-k", type=int, default=0, metavar="K", help="sample among the k most likely (default 0: off)")
     flag("--min-p", type=float, default=0.0, metavar="P", help="drop tokens below P x the top one (default 0: off)")
     flag("--repetition-penalty", type=float, default=1.0, metavar="R", help="(default 1.0: off)")
-    flag("--seed", type=int, default=None, metavar="S", help="makes sampling reproducible")
+    flag("--seed", type=seed_number, default=None, metavar="S", help="makes sampling reproducible")
     flag("--context", type=positive_int, metavar="N", help="most tokens of prompt and answer (default: the model's)")
     flag("--quiet", action="store_true", help="no stats line after an answer")
 

@@ -83,12 +83,13 @@ def _storage(source: ModelSource) -> tuple[str, str]:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     prompt_len, new_tokens, batches = args.prompt_tokens, args.new_tokens, args.batch
-    model = common.load(args.model, text=False, quantized=not args.float32)
-    if prompt_len + new_tokens > model.config.context_length:
-        raise InvalidInputError(
-            f"--prompt-tokens plus --new-tokens is {prompt_len + new_tokens}, past {args.model}'s context"
-            f" of {model.config.context_length}"
-        )
+    model = common.load(
+        args.model,
+        text=False,
+        quantized=not args.float32,
+        context=prompt_len + new_tokens,
+        context_flag="--prompt-tokens plus --new-tokens,",
+    )
     block_size = CacheConfig().block_size
     blocks = max(batches) * blocks_for(prompt_len + new_tokens, block_size)
     llm = LLM(model, CacheConfig(block_size=block_size, num_blocks=blocks, prefix_caching=False))
