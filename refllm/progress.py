@@ -41,18 +41,23 @@ class _CompileCounter(event.Listener):
     """Counts Numba compilations; the first one starts a live count on stderr (a cache hit fires no event)."""
 
     def __init__(self, live: bool):
-        self.live, self.depth, self.compiled, self.bar, self.start = live, 0, 0, None, 0.0
-        self.ticking = threading.Event()
+        self.live, self.depth, self.compiled = live, 0, 0
+        self.start: float | None = None
+        self.bar: tqdm | None = None
+        self.ticker: threading.Thread | None = None
+        self.done = threading.Event()
 
     def on_start(self, ev: event.Event) -> None:
         self.depth += 1
-        if self.start:
+        if self.start is not None:
             return
         self.start = time.perf_counter()
         print(COMPILE_NOTICE, file=sys.stderr, end="\n" if self.live else " ... ", flush=True)
         if self.live:
-            self.bar = tqdm(desc="compiling", unit=" kernels", file=sys.stderr, leave=False)
-            threading.Thread(target=self._tick, daemon=True).start()
+            counting = "{desc}: {n} kernels so far [{elapsed}]"
+            self.bar = tqdm(desc="compiling", bar_format=counting, file=sys.stderr, leave=False)
+            self.ticker = threading.Thread(target=self._tick, daemon=True)
+            self.ticker.start()
 
     def on_end(self, ev: event.Event) -> None:
         self.depth -= 1
@@ -63,15 +68,16 @@ class _CompileCounter(event.Listener):
 
     def _tick(self) -> None:
         """Redraw the elapsed time while one long compilation runs without updates."""
-        while not self.ticking.wait(0.5):
+        while not self.done.wait(0.5):
             self.bar.refresh()
 
     def finish(self) -> None:
-        if not self.start:
+        if self.start is None:
             return
-        self.ticking.set()
+        self.done.set()
         if self.bar is not None:
-            self.bar.close()
+            self.ticker.join()
+            self.bar.close()  # the summary line below takes its place
         seconds = time.perf_counter() - self.start
         print(
             f"compiled {self.compiled} kernels in {seconds:.1f} s; later runs load them from the cache", file=sys.stderr
