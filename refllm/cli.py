@@ -8,10 +8,12 @@
     refllm bench               prefill and decode tokens/s, and how decode scales with batch size
     refllm pull NAME           fetch a catalog model
 
-Results go to stdout, progress and messages to stderr. Every error a user can
-cause prints one line and exits non-zero; ``--debug`` shows the traceback.
-Other modules add their own sub-commands through an ``add_cli(commands)``
-function listed in ``PLUGINS``.
+Results go to stdout, progress and messages to stderr. Flags are checked
+before anything loads (a bad one exits 2); every other error a user can cause
+prints one line and exits 1; ``--debug`` shows the traceback. The pieces the
+commands share, and chat, info and bench, live in ``refllm.commands``. Other
+modules add their own sub-commands (golden, serve, list, rm, warmup) through an
+``add_cli(commands)`` function listed in ``PLUGINS``.
 """
 
 from __future__ import annotations

@@ -127,7 +127,9 @@ def chat_messages(monkeypatch) -> list[list[dict]]:
 # ---- every command explains itself ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("command", ["generate", "chat", "perplexity", "embed", "info", "bench", "pull"])
+@pytest.mark.parametrize(
+    "command", ["generate", "chat", "perplexity", "embed", "info", "bench", "pull", "list", "rm", "warmup", "serve"]
+)
 def test_every_command_explains_itself_with_an_example(command, capsys):
     with pytest.raises(SystemExit) as raised:
         cli.main([command, "--help"])
