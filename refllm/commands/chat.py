@@ -1,7 +1,7 @@
 """``refllm chat``: a conversation at a prompt with line editing and history, commands, and a stats line.
 
 On a terminal, the standard library's ``readline`` gives line editing and a
-history kept across sessions in ``$REFLLM_HOME/chat_history``. Piped input
+history kept from one chat to the next in ``$REFLLM_HOME/chat_history``. Piped input
 works the same, one message a line. A message spans several lines between two
 lines of ``\"\"\"``, or with a backslash at the end of each line but the last.
 """
@@ -44,7 +44,7 @@ def chat_ids(tokenizer: Tokenizer, messages: list[dict]) -> list[int]:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    session = ChatSession(sampling_params(args), args.system, args.quiet)  # every flag checked before loading
+    conversation = Conversation(sampling_params(args), args.system, args.quiet)  # every flag checked before loading
     model = common.load(args.model, chat=True, quantized=not args.float32, context=args.context)
     engine = common.start_engine(model, args.context)
     if sys.stdin.isatty():
@@ -53,20 +53,21 @@ def cmd_chat(args: argparse.Namespace) -> int:
         for text in _messages(_user_lines()):
             if text in ("/exit", "/quit"):
                 break
-            session.handle(text, engine, model.tokenizer)
+            conversation.handle(text, engine, model.tokenizer)
     finally:
         engine.close()
     return 0
 
 
-class ChatSession:
-    """The conversation and its settings; ``handle`` takes one message or command."""
+class Conversation:
+    """A conversation, its system message and its settings; ``handle`` takes one message or command."""
 
     def __init__(self, params: SamplingParams, system: str | None, quiet: bool):
         self.params, self.system, self.quiet = params, system, quiet
         self.messages: list[dict] = []
 
-    def conversation(self) -> list[dict]:
+    def template_messages(self) -> list[dict]:
+        """What the chat template renders: the system message, if any, then the conversation."""
         return ([{"role": "system", "content": self.system}] if self.system else []) + self.messages
 
     def handle(self, text: str, engine: Engine, tokenizer: Tokenizer) -> None:
@@ -95,7 +96,7 @@ class ChatSession:
         self.messages.append({"role": "user", "content": text})
         try:
             answer, stats = stream_answer(
-                engine, chat_ids(tokenizer, self.conversation()), self.params, ctrl_c_stops=True
+                engine, chat_ids(tokenizer, self.template_messages()), self.params, ctrl_c_stops=True
             )
         except InvalidInputError as error:  # a conversation past the context, say: the chat goes on
             self.messages.pop()
