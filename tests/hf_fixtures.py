@@ -11,6 +11,7 @@ transformers models built by the same functions when transformers is installed.
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 from pathlib import Path
@@ -153,16 +154,20 @@ def hf_reference(model, ids: np.ndarray) -> dict[str, np.ndarray]:
     processors (EOS suppression, for one) would change the argmax.
     """
     import torch
+    from transformers import DynamicCache
 
+    # transformers 5 names the cache argument `cache` (and warns at `past_key_values`), earlier versions do not
+    cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     with torch.no_grad():
         input_ids = torch.tensor(ids)
         logits = model(input_ids).logits.float().numpy()
-        out = model(input_ids, use_cache=True)
+        cache = DynamicCache()
+        out = model(input_ids, use_cache=True, **{cache_kwarg: cache})
         greedy = []
         for _ in range(NEW_TOKENS):
             token = int(out.logits[0, -1].argmax())
             greedy.append(token)
-            out = model(torch.tensor([[token]]), past_key_values=out.past_key_values, use_cache=True)
+            out = model(torch.tensor([[token]]), use_cache=True, **{cache_kwarg: cache})
     return {"input_ids": ids, "logits": logits, "greedy": np.array(greedy)}
 
 

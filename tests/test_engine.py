@@ -14,7 +14,6 @@ from refllm.io.tokenizer import Tokenizer
 from refllm.runtime.engine import Engine
 from refllm.runtime.configurable_executor import ConfigurableModelExecutor
 from refllm.runtime.executor import LLMExecutor
-from refllm.runtime.generate import generate_stream
 from refllm.runtime.llm import LLM
 from refllm.runtime.sampling import SamplingParams, SamplingParamsError
 from tests.state import assert_same_state, snapshot
@@ -205,12 +204,6 @@ def test_generate_works_inside_a_running_event_loop():
 
     results = asyncio.run(cell())
     assert [r.completions[0].token_ids for r in results] == [CYCLE[:3], CYCLE[:3]]
-
-
-def test_generate_stream_for_the_command_line_runs_through_the_engine():
-    steps = list(generate_stream(model_for("llama"), [1, 2, 3], SamplingParams(max_tokens=5)))
-    assert len(steps) == 5 and steps[-1].finished and steps[-1].finish_reason == "length"
-    assert not any(step.finished for step in steps[:-1])
 
 
 BAD_SUBMISSIONS = {

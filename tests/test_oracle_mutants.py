@@ -8,7 +8,7 @@ from tests.mutants import MUTANTS
 MAX_CASES_PER_PROPERTY = 40
 
 
-def test_every_mutant_is_caught(capsys):
+def test_every_mutant_is_caught():
     lines, missed = [], []
     for mutant in MUTANTS:
         failure, cases = first_failure(mutant, max_examples=MAX_CASES_PER_PROPERTY, threads=1)
@@ -18,6 +18,5 @@ def test_every_mutant_is_caught(capsys):
         else:
             lines.append(f"  {mutant.__name__:28} caught by {failure.property:16} after {cases:3} cases")
     caught = len(MUTANTS) - len(missed)
-    with capsys.disabled():
-        print("\n" + "\n".join(lines) + f"\n{caught}/{len(MUTANTS)} mutants caught")
+    print("\n".join(lines) + f"\n{caught}/{len(MUTANTS)} mutants caught")  # shown with -s, or on a failure
     assert not missed, f"{caught}/{len(MUTANTS)} mutants caught; missed: {', '.join(missed)}"

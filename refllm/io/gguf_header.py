@@ -26,6 +26,7 @@ import mmap
 import os
 import struct
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Any
 
 import numpy as np
@@ -78,8 +79,8 @@ def map_file(path: str | os.PathLike[str]) -> tuple[mmap.mmap, GGUFHeader]:
 def read_header(data: np.ndarray | bytes) -> GGUFHeader:
     """The header of the GGUF file whose bytes are ``data`` (a uint8 memory map of it, say).
 
-    Raises GGUFHeaderError for a file that is not GGUF, of a version this reader does not know,
-    or cut short; struct.error and UnicodeDecodeError can escape from corrupt bytes.
+    Raises GGUFHeaderError, saying what is wrong in words, for a file that is not GGUF, of a
+    version this reader does not know, cut short, or with codes or text no GGUF writer makes.
     """
     return _HeaderReader(memoryview(data).cast("B")).read()
 
@@ -104,7 +105,7 @@ class _HeaderReader:
         metadata = {}
         for _ in range(num_values):
             key = self._string()
-            metadata[key] = self._value(GGUFValueType(self._unpack("I")[0]))
+            metadata[key] = self._value(self._code(GGUFValueType, "value type"))
         table = [self._tensor_row() for _ in range(num_tensors)]
         alignment = metadata.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)
         if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
@@ -120,16 +121,34 @@ class _HeaderReader:
         return GGUFHeader(metadata, tensors, data_offset, little_endian=self.order == "<")
 
     def _unpack(self, formats: str) -> tuple:
+        size = struct.calcsize(self.order + formats)
+        if self.position + size > len(self.data):
+            raise GGUFHeaderError(
+                f"the header stops at byte {len(self.data)}, in the middle of an entry at byte {self.position}"
+                " (the file is cut short)"
+            )
         values = struct.unpack_from(self.order + formats, self.data, self.position)
-        self.position += struct.calcsize(self.order + formats)
+        self.position += size
         return values
+
+    def _code(self, kind: type[IntEnum], what: str) -> IntEnum:
+        """The next 4-byte code as a member of ``kind``; an unknown code is refused in words."""
+        at = self.position
+        (code,) = self._unpack("I")
+        try:
+            return kind(code)
+        except ValueError:
+            raise GGUFHeaderError(f"unknown {what} {code} at byte {at} (a corrupt header?)") from None
 
     def _string(self) -> str:
         (size,) = self._unpack("Q")
         end = self.position + size
         if end > len(self.data):
             raise GGUFHeaderError(f"a string of {size} bytes at byte {self.position} runs past the end of the file")
-        text = str(self.data[self.position : end], "utf-8")
+        try:
+            text = str(self.data[self.position : end], "utf-8")
+        except UnicodeDecodeError:
+            raise GGUFHeaderError(f"the text at byte {self.position} is not UTF-8 (a corrupt header?)") from None
         self.position = end
         return text
 
@@ -137,7 +156,7 @@ class _HeaderReader:
         if kind == GGUFValueType.STRING:
             return self._string()
         if kind == GGUFValueType.ARRAY:
-            item_kind, count = GGUFValueType(self._unpack("I")[0]), self._unpack("Q")[0]
+            item_kind, count = self._code(GGUFValueType, "value type"), self._unpack("Q")[0]
             if item_kind in _SCALARS:
                 return self._numbers(item_kind, count).tolist()
             return [self._value(item_kind) for _ in range(count)]
@@ -155,8 +174,9 @@ class _HeaderReader:
         name = self._string()
         (num_dims,) = self._unpack("I")
         dims = self._unpack("Q" * num_dims)
-        kind, offset = self._unpack("IQ")
-        return name, tuple(reversed(dims)), GGMLQuantizationType(kind), offset
+        kind = self._code(GGMLQuantizationType, "tensor type")
+        (offset,) = self._unpack("Q")
+        return name, tuple(reversed(dims)), kind, offset
 
     @staticmethod
     def _tensor_bytes(name: str, shape: tuple[int, ...], kind: GGMLQuantizationType) -> int:

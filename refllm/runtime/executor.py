@@ -222,14 +222,7 @@ class LLMExecutor:
 
     async def warmup(self) -> None:
         """Run a prefill and a decode once, so the first request does not pay for compilation."""
-
-        def run() -> None:
-            cache_id = next(self._new_cache_id)
-            self.llm.prefill(cache_id, [0, 0])
-            self.llm.decode(cache_id, 0, 2)
-            self.llm.release(cache_id)
-
-        await self._run(run)
+        await self._run(self.llm.warm_up)
 
     async def shutdown(self) -> None:
         """Release every cache; later calls are refused."""

@@ -74,7 +74,13 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 class LLM:
     """Cache-id keyed prefill / decode / decode_batch / release over a ``PagedKVArena``."""
 
-    def __init__(self, model: GenerativeModel, cache_config: CacheConfig | None = None):
+    def __init__(
+        self, model: GenerativeModel, cache_config: CacheConfig | None = None, context_length: int | None = None
+    ):
+        """``context_length``: most tokens a sequence may hold; default (and most) the model's context."""
+        limit = model.metadata.context_length
+        if context_length is not None and not 1 <= context_length <= limit:
+            raise ContextLengthError(f"context_length {context_length} must be in [1, {limit}], the model's context")
         cache = model.create_kv_cache(cache_config or CacheConfig())
         if not isinstance(cache, PagedKVArena):
             raise InvalidInputError(f"LLM runs over the paged arena; cache_config asks for {cache_config.kind!r}")
@@ -83,7 +89,7 @@ class LLM:
         metadata = model.metadata
         self.config = LLMConfig(
             vocab_size=metadata.vocab_size,
-            context_length=metadata.context_length,
+            context_length=context_length or limit,
             eos_token_ids=tuple(metadata.eos_token_ids),
             block_size=cache.block_size,
             num_blocks=cache.num_blocks,
@@ -185,6 +191,13 @@ class LLM:
         """Free ``cache_id``'s blocks; the full ones stay in the prefix cache until evicted."""
         self.arena.free(self._seq_id(cache_id))
         del self._seq_ids[check_cache_id(cache_id)]
+
+    def warm_up(self) -> None:
+        """A two-token prefill and one decode step: the kernels a request needs compile (or load from cache) now."""
+        cache_id = ("warm-up",)  # no caller's id is a tuple of this string
+        self.prefill(cache_id, [0, 0])
+        self.decode(cache_id, 0, 2)
+        self.release(cache_id)
 
     def reset(self) -> None:
         """Release every cache id and empty the prefix cache."""

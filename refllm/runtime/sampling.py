@@ -22,7 +22,11 @@ from refllm.errors import InvalidInputError
 
 
 class SamplingParamsError(InvalidInputError):
-    """A sampling parameter outside its valid range."""
+    """A sampling parameter outside its valid range; ``name`` is the parameter and ``rule`` what it must be."""
+
+    def __init__(self, message: str, name: str | None = None, rule: str | None = None):
+        super().__init__(message)
+        self.name, self.rule = name, rule
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,7 @@ class SamplingParams:
         ]
         for ok, name, rule in checks:
             if not ok:
-                raise SamplingParamsError(f"{name}={getattr(self, name)!r} {rule}")
+                raise SamplingParamsError(f"{name}={getattr(self, name)!r} {rule}", name, rule)
         # Accept lists from JSON callers; keep the frozen dataclass hashable.
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))

@@ -6,7 +6,7 @@
     with BackgroundServer(app) as server: ...            # on a thread, port 0 by default (tests, notebooks)
 
 Endpoints: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions`` (both
-with SSE streaming), ``/v1/embeddings`` and ``/v1/model/info``. See docs/server.md.
+with SSE streaming), ``/v1/embeddings``, ``/v1/model/info`` and ``/health``. See docs/server.md.
 """
 
 from refllm.server.app import create_app

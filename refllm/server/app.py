@@ -82,6 +82,10 @@ class OpenAIServer:
     def _model_card(self) -> dict[str, Any]:
         return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "refllm"}
 
+    async def health(self, request: Request) -> JSONResponse:
+        """Up and serving: for load balancers and scripts that wait for the server to start."""
+        return JSONResponse({"status": "ok", "model": self.model_name})
+
     async def list_models(self, request: Request) -> JSONResponse:
         return JSONResponse({"object": "list", "data": [self._model_card()]})
 
@@ -427,6 +431,7 @@ def create_app(
         engine, owns_engine = Engine(executor, engine_or_model.tokenizer, max_batch_size=max_batch_size), True
     server = OpenAIServer(engine, model_name or engine.info.name, owns_engine=owns_engine)
     routes = [
+        Route("/health", server.health, methods=["GET"]),
         Route("/v1/models", server.list_models, methods=["GET"]),
         Route("/v1/models/{model:path}", server.retrieve_model, methods=["GET"]),
         Route("/v1/model/info", server.model_info, methods=["GET"]),

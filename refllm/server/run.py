@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -11,8 +13,12 @@ import uvicorn
 from starlette.applications import Starlette
 
 from refllm import catalog
+from refllm.commands import common
+from refllm.commands.flags import add_precision_flags, port_number, positive_int, precision
+from refllm.errors import InvalidInputError
 from refllm.models.llama import LlamaFamilyModel
 from refllm.runtime.engine import Engine
+from refllm.runtime.executor import LLMExecutor
 from refllm.server.app import create_app
 
 
@@ -68,7 +74,8 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
         "serve",
         help="serve a model over an OpenAI-compatible HTTP API",
         description="Serve the model at http://HOST:PORT/v1: /models, /completions, /chat/completions (with\n"
-        "streaming), /embeddings and /model/info. Concurrent requests share one continuous-batching engine.",
+        "streaming), /embeddings and /model/info; /health answers when it is up. Concurrent requests\n"
+        "share one continuous-batching engine. Each request is logged in one line.",
         epilog="examples:\n  refllm serve\n  refllm serve --model gemma3-270m --port 8080 --max-batch 8",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -78,21 +85,40 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
         help=f"catalog name, .gguf file or Hugging Face directory (default {catalog.DEFAULT_MODEL})",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
-    parser.add_argument("--max-batch", type=int, default=16, help="most sequences decoded together (default 16)")
+    parser.add_argument("--port", type=port_number, default=8000, help="port to listen on (default 8000)")
     parser.add_argument(
-        "--dtype", choices=("float32", "float64"), default="float32", help="float64: ground truth, with the spec ops"
+        "--max-batch", type=positive_int, default=16, help="most sequences decoded together (default 16)"
     )
-    parser.add_argument("--reference", action="store_true", help="run the spec ops (refllm/nn) instead of the kernels")
+    parser.add_argument(
+        "--context",
+        type=positive_int,
+        metavar="N",
+        help="most tokens of a request, prompt and answer (default: the model's)",
+    )
+    add_precision_flags(parser, float32=False)
     parser.set_defaults(handler=cmd_serve)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from refllm.loading import load_model
-
-    model = load_model(args.model, dtype=args.dtype, reference=args.reference or None)
-    serve(model, host=args.host, port=args.port, model_name=model_id(args.model), max_batch_size=args.max_batch)
+    _check_can_listen(args.host, args.port)  # before the slow part
+    model = common.load(args.model, context=args.context, **precision(args))
+    llm = common.warm_llm(model, args.context)
+    engine = Engine(LLMExecutor(llm), model.tokenizer, max_batch_size=args.max_batch)
+    name = model_id(args.model)
+    where = f"http://{args.host}:{args.port}/v1"
+    print(f"serving {name} ({model.config.model_type}, {args.model}) at {where}", file=sys.stderr)
+    serve(engine, host=args.host, port=args.port, model_name=name)
     return 0
+
+
+def _check_can_listen(host: str, port: int) -> None:
+    """Refuse, in one line, an address the server could not listen on (taken, not this machine's, not an address)."""
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as error:
+        reason = (error.strerror or str(error)).split(" (while attempting")[0]
+        raise InvalidInputError(f"cannot listen on {host}:{port}: {reason}") from None
 
 
 def model_id(name_or_path: str) -> str:

@@ -1,0 +1,156 @@
+"""Opening, checking and loading a model for a command, with progress, and the engine a command streams from."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from refllm import catalog, progress
+from refllm.errors import InvalidInputError
+from refllm.io.gguf import GGUFSource
+from refllm.kv import CacheConfig
+from refllm.loading import open_source
+from refllm.models.contract import ModelSource
+from refllm.models.llama import LlamaFamilyModel
+from refllm.models.weights import checkpoint_shapes
+from refllm.quant.linear import QuantizedTensor, kernel_reads
+from refllm.runtime.engine import Engine
+from refllm.runtime.executor import LLMExecutor
+from refllm.runtime.llm import LLM, blocks_for
+
+
+def open_model(name: str, quantized: bool = False, *, chat: bool = False, dtype: str = "float32") -> ModelSource:
+    """A catalog name (pulled on first use), a .gguf file or a Hugging Face directory -> its ModelSource.
+
+    ``quantized``: a GGUF file's matrices stay in their blocks where a quantized kernel reads them.
+    ``dtype``: what a GGUF file's blocks are dequantized to (float32, or float64 for ground truth).
+    ``chat``: a catalog model known to have no chat template is refused before it is downloaded.
+    """
+    if name in catalog.CATALOG:
+        if chat and not catalog.CATALOG[name].chat:
+            raise _no_chat_template(name)
+        return open_source(catalog.pull(name), quantized=quantized, dtype=dtype)
+    path = Path(name).expanduser()
+    if not path.exists():
+        if path.suffix.lower() == ".gguf" or len(path.parts) > 1:
+            raise InvalidInputError(f"{name}: no such file or directory")
+        raise InvalidInputError(
+            f"{name} is neither a catalog model ({', '.join(catalog.CATALOG)}) nor an existing file or directory"
+        )
+    return open_source(path, quantized=quantized, dtype=dtype)
+
+
+def load(
+    name: str,
+    *,
+    text: bool = True,
+    chat: bool = False,
+    quantized: bool = False,
+    dtype: str = "float32",
+    reference: bool | None = None,
+    context: int | None = None,
+    context_flag: str = "--context",
+) -> LlamaFamilyModel:
+    """Open the model, refuse what cannot work (before the slow part), then load its weights with progress.
+
+    ``dtype`` and ``reference``: as ``refllm.load_model`` takes them (docs/reference.md).
+
+    ``context``: the tokens the command will hold at once (given by ``context_flag``), refused if past the model's.
+    """
+    source = open_model(name, quantized, chat=chat, dtype=dtype)
+    if text and source.tokenizer is None:
+        raise InvalidInputError(f"{name} has no tokenizer, so it cannot read or write text")
+    if chat and source.tokenizer.chat_template is None:
+        raise _no_chat_template(name)
+    if context is not None and context > source.config.context_length:
+        raise InvalidInputError(
+            f"{context_flag} {context} is longer than {name}'s context of {source.config.context_length} tokens"
+        )
+    needed, available = weight_bytes(source, quantized, dtype), available_memory()
+    if available is not None and needed > available:
+        raise InvalidInputError(
+            f"{name} needs about {size(needed)} for its weights, more than the {size(available)} of memory available"
+        )
+    with progress.task(f"loading {name}", total=len(checkpoint_shapes(source.config)), unit="tensor") as bar:
+        return LlamaFamilyModel.load(_CountingSource(source, bar.update), dtype, reference)
+
+
+def _no_chat_template(name: str) -> InvalidInputError:
+    return InvalidInputError(
+        f"{name} has no chat template, so it cannot chat; `refllm generate` continues plain text with it"
+    )
+
+
+def warm_llm(model: LlamaFamilyModel, context: int | None = None) -> LLM:
+    """An LLM over the model, its kernels compiled (with a notice) or loaded from the cache before any request.
+
+    ``context`` caps the tokens of a sequence, and sizes the KV arena for one such sequence.
+    """
+    cache = CacheConfig() if context is None else CacheConfig(num_blocks=blocks_for(context, CacheConfig.block_size))
+    llm = LLM(model, cache, context_length=context)
+    with progress.compiling_kernels():
+        llm.warm_up()
+    return llm
+
+
+def start_engine(model: LlamaFamilyModel, context: int | None = None) -> Engine:
+    """An engine for one user at a time, stepped by its caller; see ``warm_llm``."""
+    return Engine(LLMExecutor(warm_llm(model, context), offload=False), model.tokenizer)
+
+
+class _CountingSource:
+    """A ModelSource that calls ``advance`` after every tensor it reads (a progress bar's ``update``)."""
+
+    def __init__(self, source: ModelSource, advance):
+        self.source, self.advance = source, advance
+        self.config, self.tokenizer = source.config, source.tokenizer
+
+    def tensor_names(self) -> list[str]:
+        return self.source.tensor_names()
+
+    def tensor(self, name: str) -> np.ndarray | QuantizedTensor:
+        array = self.source.tensor(name)
+        self.advance()
+        return array
+
+    def where(self, name: str | None) -> str:
+        return self.source.where(name)
+
+
+def weight_bytes(source: ModelSource, quantized: bool, dtype: str = "float32") -> int:
+    """Bytes of the loaded weights: 4 a parameter (8 in float64), except the matrices a quantized GGUF
+    load keeps in blocks."""
+    if not (quantized and isinstance(source, GGUFSource)):
+        return np.dtype(dtype).itemsize * source.config.num_parameters
+    total = 0
+    for tensor in source.header.tensors:
+        total += tensor.nbytes if kernel_reads(tensor.type.name, tensor.shape) else 4 * tensor.num_elements
+    return total
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new process (MemAvailable), or None where /proc/meminfo is missing."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def size(num_bytes: float) -> str:
+    """1536 -> "1.5 KiB"."""
+    units = ("B", "KiB", "MiB", "GiB", "TiB")
+    power = 0
+    while num_bytes >= 1024 and power < len(units) - 1:
+        num_bytes, power = num_bytes / 1024, power + 1
+    return f"{num_bytes:.0f} B" if power == 0 else f"{num_bytes:.1f} {units[power]}"
+
+
+def write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()

@@ -1,0 +1,143 @@
+"""Flags shared by several commands, checked in the flag's own name before any model loads.
+
+A value argparse can judge alone is checked by the flag's ``type``; a value
+judged with the others (sampling settings, a prompt read from stdin) raises
+``UsageError``. Both end the command with exit status 2 and one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from refllm import catalog
+from refllm.errors import InvalidInputError
+from refllm.models.llama import DTYPES
+from refllm.runtime.sampling import SamplingParams, SamplingParamsError
+
+MODEL_HELP = (
+    f"catalog name ({', '.join(catalog.CATALOG)}), .gguf file or Hugging Face directory"
+    f" (default {catalog.DEFAULT_MODEL})"
+)
+SAMPLING_FLAGS = {  # SamplingParams field -> its flag; `chat`'s /set takes the same names without the dashes
+    "temperature": "--temperature",
+    "top_p": "--top-p",
+    "top_k": "--top-k",
+    "min_p": "--min-p",
+    "repetition_penalty": "--repetition-penalty",
+    "seed": "--seed",
+    "max_tokens": "--max-tokens",
+}
+
+
+class UsageError(InvalidInputError):
+    """A flag or argument the command cannot accept: exit status 2, like argparse's own refusals."""
+
+
+def add_command(
+    commands: argparse._SubParsersAction, name: str, handler, summary: str, description: str, *examples: str
+) -> argparse.ArgumentParser:
+    """A sub-command whose --help ends with its examples; ``handler(args)`` runs it."""
+    parser = commands.add_parser(
+        name,
+        help=summary,
+        description=description,
+        epilog="example" + "s" * (len(examples) > 1) + ":\n" + "\n".join(f"  {e}" for e in examples),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.set_defaults(handler=handler)
+    return parser
+
+
+def positive_int(text: str) -> int:
+    return _whole_number(text, least=1)
+
+
+def seed_number(text: str) -> int:
+    return _whole_number(text, least=0)
+
+
+def _whole_number(text: str, least: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"{value} must be at least {least}")
+    return value
+
+
+def batch_sizes(text: str) -> list[int]:
+    return [positive_int(part) for part in text.split(",")]
+
+
+def port_number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port number (0 to 65535; 0 picks a free one)")
+    return value
+
+
+FLOAT32_HELP = "dequantize a GGUF file's weights to float32 instead of multiplying from its blocks"
+DTYPE_HELP = "float32 (default), or float64: ground truth, every step in float64 with the spec ops (slow)"
+REFERENCE_HELP = "run the spec ops (the functions of refllm/nn, plain NumPy) instead of their Numba twins"
+
+
+def add_precision_flags(parser: argparse.ArgumentParser, float32: bool = True) -> None:
+    """--dtype and --reference (docs/reference.md), and --float32 where quantized blocks are the default."""
+    if float32:
+        parser.add_argument("--float32", action="store_true", help=FLOAT32_HELP)
+    parser.add_argument("--dtype", choices=DTYPES, default="float32", help=DTYPE_HELP)
+    parser.add_argument("--reference", action="store_true", help=REFERENCE_HELP)
+
+
+def precision(args: argparse.Namespace) -> dict:
+    """The precision flags as ``common.load``'s keywords: quantized blocks only on the float32 fast path."""
+    dtype, reference = args.dtype, args.reference or None
+    quantized = not getattr(args, "float32", True) and dtype == "float32" and not reference
+    return {"quantized": quantized, "dtype": dtype, "reference": reference}
+
+
+def add_generation_flags(parser: argparse.ArgumentParser, max_tokens: int) -> None:
+    flag = parser.add_argument
+    flag("--max-tokens", type=positive_int, default=max_tokens, metavar="N", help=f"most tokens (default {max_tokens})")
+    flag("--temperature", type=float, default=0.0, metavar="T", help="0 is greedy (default); higher is more random")
+    flag("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass (default 1.0: off)")
+    flag("--top-k", type=int, default=0, metavar="K", help="sample among the k most likely (default 0: off)")
+    flag("--min-p", type=float, default=0.0, metavar="P", help="drop tokens below P x the top one (default 0: off)")
+    flag("--repetition-penalty", type=float, default=1.0, metavar="R", help="(default 1.0: off)")
+    flag("--seed", type=seed_number, default=None, metavar="S", help="makes sampling reproducible")
+    flag("--context", type=positive_int, metavar="N", help="most tokens of prompt and answer (default: the model's)")
+    flag("--quiet", action="store_true", help="no stats line after an answer")
+
+
+def sampling_params(args: argparse.Namespace, stop: tuple[str, ...] = ()) -> SamplingParams:
+    """The sampling flags as SamplingParams; a bad value is a UsageError naming its flag."""
+    if "" in stop:
+        raise UsageError("argument --stop: a stop string cannot be empty")
+    settings = {field: getattr(args, field) for field in SAMPLING_FLAGS}
+    return checked_params(settings, stop=stop, name=lambda field: f"argument {SAMPLING_FLAGS[field]}")
+
+
+def checked_params(settings: dict, *, name, **more) -> SamplingParams:
+    """SamplingParams(**settings, **more); a value out of range is a UsageError that says ``name(field)``."""
+    try:
+        return SamplingParams(**settings, **more)
+    except SamplingParamsError as error:
+        if error.name is None:
+            raise UsageError(str(error)) from None
+        raise UsageError(f"{name(error.name)}: {settings[error.name]} {error.rule}") from None
+
+
+def read_prompt(prompt: str) -> str:
+    """The PROMPT argument, or standard input when it is ``-``; an empty prompt is a UsageError."""
+    if prompt == "-":
+        prompt = sys.stdin.read()
+        if not prompt.strip():
+            raise UsageError("argument PROMPT: - reads the prompt from standard input, which was empty")
+    elif not prompt:
+        raise UsageError("argument PROMPT: the prompt is empty")
+    return prompt

@@ -1,0 +1,134 @@
+"""``refllm info`` and ``refllm bench``: what a model is and needs, and how fast it runs here."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+from collections import Counter
+
+import numba
+import numpy as np
+
+from refllm import progress
+from refllm.commands import common
+from refllm.errors import InvalidInputError
+from refllm.io.gguf import GGUFSource
+from refllm.kernels.threads import cpu_name, thread_settings
+from refllm.kv import CacheConfig, CacheShape
+from refllm.models.contract import ModelSource
+from refllm.quant.linear import QuantizedTensor
+from refllm.runtime.llm import LLM, blocks_for
+
+# ---- info --------------------------------------------------------------------------------------------
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    source = common.open_model(args.model)
+    c = source.config
+    context = args.context or c.context_length
+    if context > c.context_length:
+        raise InvalidInputError(f"--context {context} is longer than {args.model}'s context of {c.context_length}")
+    kv_per_token = CacheShape(c.num_hidden_layers, c.num_key_value_heads, c.head_dim).bytes_per_token
+    block_size = CacheConfig().block_size
+    kv = blocks_for(context, block_size) * block_size * kv_per_token
+    weights = common.weight_bytes(source, quantized=False)
+    available = common.available_memory()
+    tokenizer = source.tokenizer
+    file, tensor_types = _storage(source)
+    rows = {
+        "model": args.model,
+        "architecture": (
+            f"{c.model_type}: {c.num_hidden_layers} layers, hidden size {c.hidden_size}, MLP {c.intermediate_size},"
+            f" {c.num_attention_heads} query / {c.num_key_value_heads} KV heads of {c.head_dim}"
+        ),
+        "parameters": f"{c.num_parameters:,} ({c.num_parameters / 1e6:.1f} M)",
+        "vocabulary": f"{c.vocab_size:,} tokens",
+        "context": f"{c.context_length:,} tokens",
+        "file": file,
+        "tensors": tensor_types,
+        "tokenizer": "none" if tokenizer is None else f"chat template: {'yes' if tokenizer.chat_template else 'no'}",
+        "weights": f"{common.size(weights)} as float32"
+        + (
+            f"; {common.size(common.weight_bytes(source, quantized=True))} quantized"
+            if isinstance(source, GGUFSource)
+            else ""
+        ),
+        "KV cache": f"{common.size(kv_per_token)} per token; {common.size(kv)} for {context:,} tokens",
+        "memory": f"{common.size(weights + kv)} for float32 weights and the KV cache"
+        + ("" if available is None else f"; {common.size(available)} available"),
+    }
+    width = max(map(len, rows))
+    for key, value in rows.items():
+        print(f"{key:<{width}}  {value}")
+    return 0
+
+
+def _storage(source: ModelSource) -> tuple[str, str]:
+    """-> (file format, size on disk and path; how many tensors of each type: GGML type or safetensors dtype)."""
+    if isinstance(source, GGUFSource):
+        kind, path, files = "GGUF", source.path, {source.path}
+        types = Counter(tensor.type.name for tensor in source.header.tensors)
+    else:
+        entries = source.checkpoint.entries.values()
+        kind, path, files = "safetensors", source.directory, {entry.file for entry in entries}
+        types = Counter(entry.dtype for entry in entries)
+    counts = ", ".join(f"{n} {name}" for name, n in types.most_common())
+    return f"{kind}, {common.size(sum(f.stat().st_size for f in files))}: {path}", counts
+
+
+# ---- bench -------------------------------------------------------------------------------------------
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    prompt_len, new_tokens, batches = args.prompt_tokens, args.new_tokens, args.batch
+    model = common.load(
+        args.model,
+        text=False,
+        quantized=not args.float32,
+        context=prompt_len + new_tokens,
+        context_flag="--prompt-tokens plus --new-tokens,",
+    )
+    block_size = CacheConfig().block_size
+    blocks = max(batches) * blocks_for(prompt_len + new_tokens, block_size)
+    llm = LLM(model, CacheConfig(block_size=block_size, num_blocks=blocks, prefix_caching=False))
+    prompts = np.random.default_rng(0).integers(0, model.config.vocab_size, size=(max(batches), prompt_len))
+    decode_rates = {}
+    with progress.task("benchmarking", total=1 + len(batches) * new_tokens, unit="step") as bar:
+        _greedy(llm, prompts[:1], 1)  # warm-up: compiles the kernels, touches every weight
+        start = time.perf_counter()
+        llm.prefill(0, prompts[0])
+        prefill_seconds = time.perf_counter() - start
+        llm.reset()
+        bar.update()
+        for batch in batches:
+            seconds = _greedy(llm, prompts[:batch], new_tokens, bar.update)
+            decode_rates[batch] = batch * new_tokens / seconds
+    c = model.config
+    print(f"machine   {cpu_name()}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}")
+    print(f"software  Python {platform.python_version()}, NumPy {np.__version__}, Numba {numba.__version__}")
+    print(f"threads   {thread_settings()}")
+    quantized = any(isinstance(w, QuantizedTensor) for w in vars(model.weights.layers[0]).values())
+    weights = "quantized matrices" if quantized else "float32 weights"
+    print(f"model     {args.model}: {c.model_type}, {c.num_parameters:,} parameters, {weights}")
+    print(f"prefill   {prompt_len} tokens in {prefill_seconds:.2f} s: {prompt_len / prefill_seconds:.1f} tokens/s")
+    print(f"decode    {new_tokens} tokens per sequence after a {prompt_len}-token prompt")
+    print(f"{'batch':>10}  {'tokens/s':>9}  {'per sequence':>12}  {f'vs batch {batches[0]}':>10}")
+    for batch, rate in decode_rates.items():
+        speedup = rate / decode_rates[batches[0]]
+        print(f"{batch:>10}  {rate:>9.1f}  {rate / batch:>12.1f}  {speedup:>9.2f}x")
+    return 0
+
+
+def _greedy(llm: LLM, prompts: np.ndarray, new_tokens: int, advance=lambda: None) -> float:
+    """Prefill each row of prompts [B, T], then decode ``new_tokens`` greedy steps as one batch -> decode seconds."""
+    tokens = [int(np.argmax(llm.prefill(b, prompt))) for b, prompt in enumerate(prompts)]
+    start = time.perf_counter()
+    for step in range(new_tokens):
+        rows = llm.decode_batch([(b, token, prompts.shape[1] + step) for b, token in enumerate(tokens)])
+        tokens = [int(np.argmax(row)) for row in rows]
+        advance()
+    seconds = time.perf_counter() - start
+    llm.reset()
+    return seconds
