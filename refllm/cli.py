@@ -38,7 +38,7 @@ from refllm import catalog, progress
 from refllm.errors import InvalidInputError
 from refllm.io.gguf import GGUFSource
 from refllm.io.tokenizer import Tokenizer
-from refllm.kernels.threads import cpu_name, thread_settings
+from refllm.machine import cpu_name, thread_settings
 from refllm.kv import CacheConfig, CacheShape
 from refllm.loading import open_source
 from refllm.models.contract import ModelSource
