@@ -20,9 +20,15 @@ def block32_layout(g: int) -> tuple[int, int, int]:
 
 
 @njit(cache=True)
-def q4_0_params(row: np.ndarray, g: int) -> tuple:
-    d = f16(row, 18 * g)
+def _scale_params(row: np.ndarray, offset: int) -> tuple:
+    """The params of a block whose weights are d * q, with the float16 d at byte ``offset``."""
+    d = f16(row, offset)
     return d, NO_OFFSET, d, NO_OFFSET, 0
+
+
+@njit(cache=True)
+def q4_0_params(row: np.ndarray, g: int) -> tuple:
+    return _scale_params(row, 18 * g)
 
 
 @njit(cache=True)
@@ -102,8 +108,7 @@ def q5_1_lanes16(row: np.ndarray, g: int, lane: int, qh: int) -> tuple:
 
 @njit(cache=True)
 def q8_0_params(row: np.ndarray, g: int) -> tuple:
-    d = f16(row, 34 * g)
-    return d, NO_OFFSET, d, NO_OFFSET, 0
+    return _scale_params(row, 34 * g)
 
 
 @njit(cache=True)
