@@ -126,14 +126,10 @@ _decode_q8_0, _dot4_q8_0, _sums_q8_0 = format_walks(
     q8_0_params, q8_0_lane, block32_layout, q8_0_lanes16, shared_scale=True, offset=False
 )
 _decode_q2_k, _dot4_q2_k, _sums_q2_k = format_walks(q2_k_params, q2_k_lane, k_quads_layout, q2_k_lanes16)
-_decode_q3_k, _dot4_q3_k, _sums_q3_k = format_walks(
-    q3_k_params, q3_k_lane, k_quads_layout, q3_k_lanes16, offset=False
-)
+_decode_q3_k, _dot4_q3_k, _sums_q3_k = format_walks(q3_k_params, q3_k_lane, k_quads_layout, q3_k_lanes16, offset=False)
 _decode_q4_k, _dot4_q4_k, _sums_q4_k = format_walks(q4_k_params, q4_k_lane, k_pairs_layout)
 _decode_q5_k, _dot4_q5_k, _sums_q5_k = format_walks(q5_k_params, q5_k_lane, k_pairs_layout)
-_decode_q6_k, _dot4_q6_k, _sums_q6_k = format_walks(
-    q6_k_params, q6_k_lane, k_quads_layout, q6_k_lanes16, offset=False
-)
+_decode_q6_k, _dot4_q6_k, _sums_q6_k = format_walks(q6_k_params, q6_k_lane, k_quads_layout, q6_k_lanes16, offset=False)
 
 
 @njit(cache=True, fastmath=SUM_FASTMATH)
