@@ -35,7 +35,7 @@ import numba
 import numpy as np
 
 from refllm.kernels.attention import paged_decode_attention
-from refllm.kernels.threads import cpu_name, thread_settings
+from refllm.machine import cpu_name, thread_settings, vector_extensions
 from refllm.kv import CacheConfig, CacheShape, PagedKVArena
 from refllm.nn.attention import attention
 
@@ -134,7 +134,7 @@ def main() -> None:
     kept = keep_freed_memory()
     rng = np.random.default_rng(0)
     setup(16, 1, rng)  # compiles the kernels, so the threading layer below is the one in use
-    print(f"machine: {platform.platform()}; CPU: {cpu_name()}")
+    print(f"machine: {platform.platform()}; CPU: {cpu_name()}; vectors: {' '.join(vector_extensions()) or '-'}")
     print(f"numba {numba.__version__} ({numba.threading_layer()} layer), numpy {np.__version__}; {thread_settings()}")
     print(f"glibc keeps freed memory: {'yes' if kept else 'no'}")
     print("load average (1, 5, 15 min) at start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))

@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 from refllm.kernels.quant_matmul import FORMAT_CODES, KERNEL_FORMATS, quant_matmul, quant_matvec
-from refllm.kernels.threads import cpu_name, thread_settings
+from refllm.machine import cpu_name, thread_settings, vector_extensions
 from refllm.quant.formats import block_format
 
 F16_FIELDS = {
@@ -109,7 +109,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--crossover", action="store_true")
     args = parser.parse_args()
-    print(f"cpu: {cpu_name()}; cores: {os.cpu_count()}; {thread_settings()}")
+    print(
+        f"cpu: {cpu_name()}; vectors: {' '.join(vector_extensions()) or '-'};"
+        f" cores: {os.cpu_count()}; {thread_settings()}"
+    )
     crossover(args) if args.crossover else bandwidth(args)
 
 

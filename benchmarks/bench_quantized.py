@@ -235,12 +235,15 @@ def main() -> None:
         return
 
     from refllm import catalog
-    from refllm.kernels.threads import cpu_name
+    from refllm.machine import cpu_name, vector_extensions
 
     path = Path(catalog.pull(args.model) if args.model in catalog.CATALOG else args.model)
 
     print(f"model: {path.name} ({path.stat().st_size / 1e6:.1f} MB)")
-    print(f"cpu: {cpu_name()}; cores: {os.cpu_count()}; threads per engine: {args.threads}")
+    print(
+        f"cpu: {cpu_name()}; vectors: {' '.join(vector_extensions()) or '-'};"
+        f" cores: {os.cpu_count()}; threads per engine: {args.threads}"
+    )
     print("versions: " + ", ".join(f"{k} {v}" for k, v in versions().items()))
     engines = []
     for engine in args.engines:

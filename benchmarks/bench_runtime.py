@@ -29,7 +29,7 @@ import numpy as np
 
 from refllm import CacheConfig
 from refllm.config import ModelConfig
-from refllm.kernels.threads import cpu_name, thread_settings
+from refllm.machine import cpu_name, thread_settings, vector_extensions
 from refllm.models.random import random_model
 from refllm.runtime.executor import LLMExecutor
 from refllm.runtime.llm import LLM
@@ -78,7 +78,10 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4, help="drafted tokens per speculative round")
     args = parser.parse_args()
 
-    print(f"cpu: {cpu_name()}; cores: {os.cpu_count()}; {thread_settings()}")
+    print(
+        f"cpu: {cpu_name()}; vectors: {' '.join(vector_extensions()) or '-'};"
+        f" cores: {os.cpu_count()}; {thread_settings()}"
+    )
     model = random_model(ModelConfig.from_hf(SMOLLM2_135M), seed=0, std=0.02)
     llm = LLM(model, CacheConfig(block_size=16, num_blocks=512))
     rng = np.random.default_rng(0)

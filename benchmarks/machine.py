@@ -1,4 +1,4 @@
-"""What the benchmarks share: the model shape they measure (the machine comes from refllm.kernels.threads)."""
+"""What the benchmarks share: the model shape they measure (the machine comes from refllm.machine)."""
 
 from __future__ import annotations
 

@@ -17,13 +17,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from refllm.kernels.attention import (
-    DECODE_PARTITION_KEYS,
-    exp_nonpositive,
-    paged_decode_attention,
-    paged_prefill_attention,
-    write_kv,
-)
+from refllm.kernels.attention import DECODE_PARTITION_KEYS, paged_decode_attention, paged_prefill_attention, write_kv
+from refllm.kernels.exp import exp_nonpositive
 from refllm.kv import CacheConfig, CacheShape, PagedKVArena
 from refllm.nn.attention import attention
 

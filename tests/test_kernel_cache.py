@@ -1,8 +1,8 @@
 """Numba's on-disk cache cannot go stale: a kernel recompiles when a function it uses from another file changes.
 
 ``refllm/kernels/activation.py`` compiles in ``exp_nonpositive`` from
-``refllm/kernels/attention.py``. Numba stamps a cache entry with its own file's
-hash only, so after an edit to attention.py the activation kernel kept its old
+``refllm/kernels/exp.py``. Numba stamps a cache entry with its own file's
+hash only, so after an edit to exp.py the activation kernel kept its old
 machine code. Each test runs the kernel in a fresh process over a temporary copy
 of the package, edits the other file, and runs it again in another fresh process.
 """
@@ -51,7 +51,7 @@ def edit(file: Path, old: str, new: str) -> None:
 def test_editing_a_function_in_another_kernel_file_recompiles_the_kernel(tmp_path):
     package = copy_of_refllm(tmp_path)
     assert run_kernel(tmp_path) == pytest.approx(-0.26894142, rel=1e-6)  # -1 * sigmoid(-1), compiled and cached
-    edit(package / "kernels" / "attention.py", EXP_LINE, EXP_ZERO)
+    edit(package / "kernels" / "exp.py", EXP_LINE, EXP_ZERO)
     assert run_kernel(tmp_path) == 0.0
 
 
@@ -60,5 +60,5 @@ def test_without_the_cache_key_the_kernel_goes_stale(tmp_path):
     package = copy_of_refllm(tmp_path)
     edit(package / "kernels" / "__init__.py", "key_cache_to_every_kernel_source()  #", "#")
     cached = run_kernel(tmp_path)
-    edit(package / "kernels" / "attention.py", EXP_LINE, EXP_ZERO)
+    edit(package / "kernels" / "exp.py", EXP_LINE, EXP_ZERO)
     assert run_kernel(tmp_path) == cached != 0.0

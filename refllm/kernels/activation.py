@@ -8,7 +8,7 @@ Both activations are the gate times a sigmoid,
     GELU-tanh(g) = 0.5 g (1 + tanh(z)) = g sigmoid(2 z),   z = sqrt(2/pi) (g + 0.044715 g^3),
 
 and sigmoid(k) = 1 / (1 + e) for k >= 0, e / (1 + e) below, with e = exp(-|k|) from the
-attention kernel's polynomial (``exp_nonpositive``: 2e-7 relative, down to exp(-87)), so
+polynomial the attention kernels use (``exp_nonpositive``: 2e-7 relative, down to exp(-87)), so
 the loop runs in vector lanes where NumPy makes five passes and four temporaries.
 Agreement with the spec, derived in tests/test_activation_kernel.py: 8 float32 ulps, plus
 |g up| 2^-125 where the spec's sigmoid underflows (|k| > 87), plus for GELU-tanh
@@ -23,8 +23,8 @@ import math
 import numpy as np
 from numba import njit
 
-from refllm.kernels.attention import exp_nonpositive
-from refllm.nn.mlp import ACTIVATIONS
+from refllm.config import ACTIVATIONS
+from refllm.kernels.exp import exp_nonpositive
 
 _GELU_C = np.float32(math.sqrt(2.0 / math.pi))  # as refllm.nn.mlp.gelu_tanh rounds it
 

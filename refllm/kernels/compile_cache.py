@@ -2,7 +2,7 @@
 
 Numba stamps a cached function with the hash of its own file only. A kernel
 that compiles in a function from another file (every kernel uses
-``intrinsics.py``; the activation kernel uses ``attention.py``'s exponential)
+``intrinsics.py``; the activation kernel uses ``exp.py``'s exponential)
 would keep returning its old results after that other file changed, until the
 ``.nbc`` files were deleted. Here every kernel's cache entry is stamped with the
 hash of all the source files of this package together, so a change to any of

@@ -27,11 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import platform
 from collections.abc import Iterator
-
-# The environment variables that decide how refllm uses the cores, as benchmarks report them.
-THREAD_VARIABLES = ("NUMBA_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OPENBLAS_NUM_THREADS")
 
 # threadpoolctl's view of the loaded BLAS libraries, found on first use
 _controller = None
@@ -53,20 +49,3 @@ def blas_on_calling_thread() -> Iterator[None]:
         _controller = ThreadpoolController()
     with _controller.limit(limits=1, user_api="blas"):
         yield
-
-
-def thread_settings() -> str:
-    """One line for a benchmark's header: Numba's thread count and THREAD_VARIABLES ('-' where unset)."""
-    import numba
-
-    variables = ", ".join(f"{name}={os.environ.get(name, '-')}" for name in THREAD_VARIABLES)
-    return f"{numba.get_num_threads()} Numba threads; {variables}; BLAS on one thread while a model computes"
-
-
-def cpu_name() -> str:
-    """The CPU as /proc/cpuinfo names it, or what the platform module knows: for benchmark headers."""
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            return next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()

@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from refllm import config
 from refllm.nn.linear import linear
 
 
@@ -28,7 +29,8 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(c * (x + 0.044715 * x * x * x)))
 
 
-ACTIVATIONS = {"silu": silu, "gelu_pytorch_tanh": gelu_tanh}
+# The functions of the activations a config may name, in the order config.ACTIVATIONS names them.
+ACTIVATIONS = dict(zip(config.ACTIVATIONS, (silu, gelu_tanh), strict=True))
 
 
 def gated_mlp(

@@ -1,0 +1,169 @@
+"""One format's walks over a row of its blocks (decode, the four-row product, x's group sums),
+compiled from the format's own small functions.
+
+How a row is walked. A row splits into *groups* read by L *lanes* in lockstep
+(SIMD lanes once vectorised). Lane j of group g holds two weights,
+w[base + j] and w[base + gap + j] with (base, gap, L) = ``<family>_layout(g)``,
+each of the form w = a q + c: a scale a and offset c per group (or per
+sub-block), an integer q per weight. Per format,
+
+    <format>_params(row, g)        -> (a_first, c_first, a_second, c_second, bits), read once a group
+    <format>_lane(row, g, j, bits) -> (q_first, q_second), integers as float32
+
+and ``format_walks`` builds the format's decoder and a decode product from them. Every
+format but Q4_K and Q5_K also has ``<format>_lanes16(row, g, lane, bits)``, 16
+lanes at once as vectors of ``refllm/kernels/intrinsics.py``, and decodes with
+``_vector_dot4``: 16 lane sums per row kept across the groups and added up once
+per row, where the lane loop's product adds them up in every group. The families
+(``quant_block32.py``, ``quant_kquants.py``):
+
+    32-weight blocks (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0)  group = block g; L = 16, gap 16
+    Q4_K, Q5_K                                    group = a pair of 32-weight sub-blocks
+                                                  (low and high nibbles of the same 32 bytes); L = 32, gap 32
+    Q2_K, Q3_K, Q6_K                              group = two 16-weight sub-blocks 64 apart
+                                                  that share their bytes; L = 16, gap 64
+
+a, c and q are the spec's numbers, and ``decode`` computes a q + c with the spec's float32
+operations, in functions compiled without fast-math (a caller's flags do not reach into them).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from refllm.kernels.intrinsics import LANES, SUM_FASTMATH, broadcast16, load16, mul16, multiply_add16, sum16, zeros16
+
+
+@njit(cache=True, fastmath=SUM_FASTMATH)
+def _group_total(params: tuple, first: float, second: float, x_first: float, x_second: float) -> float:
+    """A group's share of a row's dot product: a (sum q x) + c (sum x), for its first and second weights."""
+    return params[0] * first + params[1] * x_first + params[2] * second + params[3] * x_second
+
+
+def _walks(params, lane, layout):
+    """-> (decode, dot4, sums) of one format. The functions are compile-time constants here
+    (closure variables), so each walk is compiled with direct calls into them, which LLVM inlines.
+    """
+
+    @njit
+    def decode(row: np.ndarray, out: np.ndarray) -> None:
+        """row [R_bytes] uint8 -> out [C] float32, the spec's weights bit for bit."""
+        _, _, lanes = layout(0)
+        # The same number, but one LLVM cannot fold to a constant: a constant 16 or 32 gets the
+        # lane loop fully unrolled into scalar code before the loop vectoriser sees it.
+        opaque_lanes = min(lanes, out.shape[0])
+        for g in range(out.shape[0] // (2 * lanes)):
+            base, gap, lanes = layout(g)
+            a_first, c_first, a_second, c_second, bits = params(row, g)
+            for j in range(opaque_lanes):
+                q_first, q_second = lane(row, g, j, bits)
+                out[np.uint64(base + j)] = a_first * q_first + c_first  # see quant_fields.byte_at
+                out[np.uint64(base + gap + j)] = a_second * q_second + c_second
+
+    @njit
+    def sums(x: np.ndarray) -> np.ndarray:
+        """x [C] -> [G, 2]: per group, the sum of the x its first and its second weights meet."""
+        _, _, lanes = layout(0)
+        out = np.zeros((x.shape[0] // (2 * lanes), 2), np.float32)
+        for g in range(out.shape[0]):
+            base, gap, lanes = layout(g)
+            for j in range(lanes):
+                out[g, 0] += x[base + j]
+                out[g, 1] += x[base + gap + j]
+        return out
+
+    @njit(fastmath=SUM_FASTMATH)
+    def dot4(rows: tuple, x: np.ndarray, x_sums: np.ndarray) -> tuple[np.float32, np.float32, np.float32, np.float32]:
+        """Four rows [R_bytes] uint8 . x [C] float32 -> four float32.
+
+        Per group, sum_j (a q_j + c) x_j = a (sum_j q_j x_j) + c (sum_j x_j): the lanes only
+        multiply-add integers into x, and the scale, offset and x's sum join once per group.
+        """
+        row0, row1, row2, row3 = rows
+        total0 = total1 = total2 = total3 = np.float32(0.0)
+        _, _, lanes = layout(0)
+        for g in range(x.shape[0] // (2 * lanes)):
+            base, gap, lanes = layout(g)
+            p0, p1, p2, p3 = params(row0, g), params(row1, g), params(row2, g), params(row3, g)
+            f0 = f1 = f2 = f3 = s0 = s1 = s2 = s3 = np.float32(0.0)  # first and second weights' sums
+            for j in range(lanes):
+                x_first, x_second = x[np.uint64(base + j)], x[np.uint64(base + gap + j)]  # see quant_fields.byte_at
+                q_first, q_second = lane(row0, g, j, p0[4])
+                f0 += q_first * x_first
+                s0 += q_second * x_second
+                q_first, q_second = lane(row1, g, j, p1[4])
+                f1 += q_first * x_first
+                s1 += q_second * x_second
+                q_first, q_second = lane(row2, g, j, p2[4])
+                f2 += q_first * x_first
+                s2 += q_second * x_second
+                q_first, q_second = lane(row3, g, j, p3[4])
+                f3 += q_first * x_first
+                s3 += q_second * x_second
+            x_first, x_second = x_sums[g, 0], x_sums[g, 1]
+            total0 += _group_total(p0, f0, s0, x_first, x_second)
+            total1 += _group_total(p1, f1, s1, x_first, x_second)
+            total2 += _group_total(p2, f2, s2, x_first, x_second)
+            total3 += _group_total(p3, f3, s3, x_first, x_second)
+        return total0, total1, total2, total3
+
+    return decode, dot4, sums
+
+
+def _vector_dot4(params, lanes16, layout, shared_scale: bool, offset: bool):
+    """-> dot4 of one format, its lanes as 16-wide vectors (``refllm/kernels/intrinsics.py``).
+
+    Per group, sum_j (a q_j + c) x_j = a (sum_j q_j x_j) + c (sum_j x_j). Each row keeps 16 lane
+    sums of a (q x) across its groups and one scalar sum of c (sum x), and adds its lanes once at
+    the end. ``shared_scale``: both weights of a lane have the same a (the 32-weight blocks), so
+    a multiplies their two products at once. ``offset``: the format's weights have an offset c;
+    without one, c = -0.0 adds nothing, and skipping its sums took 7% off the Q8_0 LM head's time.
+
+    Left to LLVM, a lane loop added up its lanes in every group: spelled out, the product streams
+    1.4 to 1.7x the weights per second of that one for the 32-weight formats (one core and two,
+    1536 x 576 matrices from DRAM; Q4_1 from 13.6 to 21.9 G/s on two), 1.6x for Q2_K and Q3_K,
+    1.9x for Q6_K (1536 x 1024). Q4_K and Q5_K, whose groups are 32 lanes wide, ran 0.7 to 0.9x
+    as fast this way and keep the loop.
+    """
+
+    @njit(inline="always")
+    def add_group(row: np.ndarray, g: int, x: np.ndarray, x_sums: np.ndarray, lanes, offsets: float) -> tuple:
+        """A row's 16 lane sums and its offset sum, with group g added."""
+        base, gap, num_lanes = layout(g)
+        a_first, c_first, a_second, c_second, bits = params(row, g)
+        for lane in range(0, num_lanes, LANES):
+            q_first, q_second = lanes16(row, g, lane, bits)
+            x_first, x_second = load16(x, base + lane), load16(x, base + gap + lane)
+            if shared_scale:
+                products = multiply_add16(q_second, x_second, mul16(q_first, x_first))
+                lanes = multiply_add16(broadcast16(a_first), products, lanes)
+            else:
+                lanes = multiply_add16(broadcast16(a_second), mul16(q_second, x_second), lanes)
+                lanes = multiply_add16(broadcast16(a_first), mul16(q_first, x_first), lanes)
+        if offset:
+            offsets += c_first * x_sums[g, 0] + c_second * x_sums[g, 1]
+        return lanes, offsets
+
+    @njit
+    def dot4(rows: tuple, x: np.ndarray, x_sums: np.ndarray) -> tuple[np.float32, np.float32, np.float32, np.float32]:
+        """Four rows [R_bytes] uint8 . x [C] float32 -> four float32."""
+        row0, row1, row2, row3 = rows
+        lanes0 = lanes1 = lanes2 = lanes3 = zeros16()
+        offsets0 = offsets1 = offsets2 = offsets3 = np.float32(0.0)
+        for g in range(x_sums.shape[0]):
+            lanes0, offsets0 = add_group(row0, g, x, x_sums, lanes0, offsets0)
+            lanes1, offsets1 = add_group(row1, g, x, x_sums, lanes1, offsets1)
+            lanes2, offsets2 = add_group(row2, g, x, x_sums, lanes2, offsets2)
+            lanes3, offsets3 = add_group(row3, g, x, x_sums, lanes3, offsets3)
+        return sum16(lanes0) + offsets0, sum16(lanes1) + offsets1, sum16(lanes2) + offsets2, sum16(lanes3) + offsets3
+
+    return dot4
+
+
+def format_walks(params, lane, layout, lanes16=None, shared_scale: bool = False, offset: bool = True):
+    """-> (decode, dot4, sums) of one format: dot4 on vectors where it has ``lanes16``, else the lane loop."""
+    decode, lane_dot4, sums = _walks(params, lane, layout)
+    if lanes16 is None:
+        return decode, lane_dot4, sums
+    return decode, _vector_dot4(params, lanes16, layout, shared_scale, offset), sums
