@@ -18,9 +18,9 @@ MAX_LINES = 400
 
 # Bottom to top. A module's layer is that of the longest prefix of its dotted name listed here.
 LAYERS = [
-    ("refllm.errors", "refllm.config", "refllm.config_checks", "refllm.machine", "refllm.progress"),
+    ("refllm.errors", "refllm.config", "refllm.config_checks", "refllm.progress"),
     ("refllm.nn",),
-    ("refllm.kernels",),
+    ("refllm.kernels", "refllm.machine"),
     ("refllm.quant",),
     ("refllm.kv",),
     ("refllm.models",),

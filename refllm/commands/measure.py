@@ -15,7 +15,7 @@ from refllm import progress
 from refllm.commands import common
 from refllm.errors import InvalidInputError
 from refllm.io.gguf import GGUFSource
-from refllm.kernels.threads import cpu_name, thread_settings
+from refllm.machine import cpu_name, thread_settings
 from refllm.kv import CacheConfig, CacheShape
 from refllm.models.contract import ModelSource
 from refllm.quant.linear import QuantizedTensor
