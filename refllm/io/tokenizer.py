@@ -8,7 +8,6 @@ character that byte-level tokens split.
 
 from __future__ import annotations
 
-import json
 import operator
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -18,6 +17,7 @@ import tokenizers
 
 from refllm.errors import InvalidInputError, RefllmKeyError, TokenOutOfRangeError
 from refllm.io.chat_template import ChatTemplate, ChatTemplateError
+from refllm.io.json_file import read_json_object
 
 # Decoding a byte sequence that stops inside a UTF-8 character yields this character at the end.
 _REPLACEMENT_CHAR = "\ufffd"
@@ -248,13 +248,7 @@ def _read_json_object(path: Path) -> dict[str, Any]:
     """The JSON object in `path`, or {} if there is no such file."""
     if not path.is_file():
         return {}
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise TokenizerFileError(f"{path} cannot be read: {exc}") from exc
-    if not isinstance(value, dict):
-        raise TokenizerFileError(f"{path} must hold a JSON object, got {type(value).__name__}")
-    return value
+    return read_json_object(path, TokenizerFileError)
 
 
 def _token_content(value: Any, where: str) -> str | None:
