@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from refllm.config_checks import MAX_LAYERS, check_fields, check_size
+from refllm.config_checks import MAX_LAYERS, check_fields, check_number, check_size
 from refllm.errors import ConfigError
 
 FULL_ATTENTION = "full_attention"
@@ -240,7 +240,7 @@ def _common(keys: _Keys) -> dict[str, Any]:
         num_key_value_heads=keys.size("num_key_value_heads", num_heads),
         head_dim=keys.size("head_dim", max(hidden_size // num_heads, 1)),
         max_position_embeddings=keys.size("max_position_embeddings", 2048),
-        rms_norm_eps=float(keys.get("rms_norm_eps", 1e-6)),
+        rms_norm_eps=check_number(keys.get("rms_norm_eps", 1e-6), "rms_norm_eps", positive=True),
         hidden_act=keys.get("hidden_act", keys.get("hidden_activation", "silu")),
         tie_word_embeddings=bool(keys.get("tie_word_embeddings", False)),
         bos_token_id=keys.get("bos_token_id"),

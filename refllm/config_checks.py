@@ -67,11 +67,13 @@ def check_fields(config: Any) -> None:
     for rope in config.rope.values():
         for name in ("theta", "factor", "partial_rotary_factor"):
             check_number(getattr(rope, name), f"rope {name}", positive=True)
+        if rope.partial_rotary_factor > 1:
+            raise ConfigError(f"partial_rotary_factor must be at most 1 (all of head_dim); got {rope.partial_rotary_factor}")
 
 
 def check_layer_count(num_layers: int, tensor_names: Iterable[str], where: str) -> None:
     """Refuse a layer count other than the layers ``tensor_names`` (Hugging Face names) hold tensors for."""
     present = {int(match.group(1)) for name in tensor_names if (match := _LAYER_NAME.match(name))}
-    if present != set(range(num_layers)):
+    if len(present) != num_layers or max(present, default=-1) != num_layers - 1:  # layers 0 to num_layers - 1
         held = f"{len(present)} layers numbered up to {max(present)}" if present else "no layers"
         raise ConfigError(f"{where} gives {num_layers!r:.30} layers, but its tensors hold {held}")

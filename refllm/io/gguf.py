@@ -207,14 +207,23 @@ class GGUFSource:
         if self.architecture == "llama":
             # LlamaModel.modify_tensors permutes q_proj (weight and bias) with H heads and k_proj with K.
             if ".self_attn.q_proj." in name:
-                return reverse_permute(weights, c.num_attention_heads)
+                return self._unpermuted(name, weights, c.num_attention_heads)
             if ".self_attn.k_proj." in name:
-                return reverse_permute(weights, c.num_key_value_heads)
+                return self._unpermuted(name, weights, c.num_key_value_heads)
         if self.architecture == "gemma3" and name.endswith("norm.weight"):
             # Gemma3Model.modify_tensors adds 1 to every tensor named *norm.weight (the layer norms,
             # q_norm, k_norm and the final norm) so llama.cpp can multiply by w; refllm applies (1 + w).
             return weights - np.float32(1.0)
         return weights
+
+    def _unpermuted(self, name: str, weights: np.ndarray, n_heads: int) -> np.ndarray:
+        rows, head_dim = n_heads * self.config.head_dim, self.config.head_dim
+        if weights.shape[0] != rows or head_dim % 2:
+            raise GGUFFileError(
+                f"{self.where(name)} has {weights.shape[0]} rows; {n_heads} heads of an even head dim"
+                f" ({head_dim}) need {rows}"
+            )
+        return reverse_permute(weights, n_heads)
 
     # ---- reading the file ----
 
