@@ -285,7 +285,7 @@ def test_a_client_leaving_mid_stream_cancels_its_request(engine, client, server_
 def test_a_client_leaving_before_a_whole_answer_cancels_its_request(server, engine, server_log):
     cancelled = engine.stats.cancelled_requests
     body = json.dumps({"model": MODEL, "messages": HELLO, "max_tokens": 300, "temperature": 0, "ignore_eos": True})
-    head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\nContent-Length: {len(body)}\r\n\r\n"
+    head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(body)}\r\n\r\n"
     host, port = server.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as connection:
         connection.sendall(head.encode() + body.encode())
@@ -299,7 +299,7 @@ def test_a_client_leaving_before_a_whole_answer_cancels_its_request(server, engi
 
 
 def test_a_client_leaving_before_its_body_arrives_is_no_error(server, engine, server_log):
-    head = "POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Length: 1000\r\n\r\n{"
+    head = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n\r\n{"
     host, port = server.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as connection:
         connection.sendall(head.encode())

@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import os
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
-import uvicorn
 from starlette.applications import Starlette
 
 from refllm import catalog
 from refllm.models.llama import LlamaFamilyModel
 from refllm.runtime.engine import Engine
 from refllm.server.app import create_app
+from refllm.server.connections import GuardedServer, server_config
+from refllm.server.guard import hosts_for
+from refllm.server.limits import ServerLimits
+
+API_KEY_VARIABLE = "REFLLM_API_KEY"
 
 
 def serve(
@@ -23,10 +29,22 @@ def serve(
     port: int = 8000,
     model_name: str | None = None,
     max_batch_size: int | None = None,
+    limits: ServerLimits | None = None,
+    api_key: str | None = None,
+    allowed_hosts: Sequence[str] | None = None,
+    cors_origins: Sequence[str] = (),
 ) -> None:
-    """Serve until interrupted (Ctrl-C)."""
-    app = create_app(engine_or_model, model_name=model_name, max_batch_size=max_batch_size)
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    """Serve until interrupted (Ctrl-C). ``allowed_hosts`` defaults to the names of ``host`` (any, for 0.0.0.0)."""
+    app = create_app(
+        engine_or_model,
+        model_name=model_name,
+        max_batch_size=max_batch_size,
+        limits=limits,
+        api_key=api_key,
+        allowed_hosts=hosts_for(host) if allowed_hosts is None else allowed_hosts,
+        cors_origins=cors_origins,
+    )
+    GuardedServer(server_config(app, host, port, log_level="info")).run()
 
 
 class BackgroundServer:
@@ -37,8 +55,8 @@ class BackgroundServer:
     """
 
     def __init__(self, app: Starlette, host: str = "127.0.0.1", port: int = 0, startup_timeout: float = 30.0):
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
-        self._server = uvicorn.Server(config)
+        config = server_config(app, host, port, log_level="warning", timeout_graceful_shutdown=5)
+        self._server = GuardedServer(config)
         self._thread = threading.Thread(target=self._server.run, name="refllm-server", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + startup_timeout
@@ -80,14 +98,49 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     parser.add_argument("--max-batch", type=int, default=16, help="most sequences decoded together (default 16)")
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get(API_KEY_VARIABLE),
+        help=f"require 'Authorization: Bearer KEY' on every endpoint but /health (default: ${API_KEY_VARIABLE})",
+    )
+    parser.add_argument(
+        "--allowed-host",
+        action="append",
+        metavar="NAME",
+        help="a Host header to answer besides the bind address (repeatable; behind a proxy, say)",
+    )
+    parser.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a web origin (https://example.com) whose pages may call the API (repeatable; default none)",
+    )
+    parser.add_argument(
+        "--max-body-mb", type=float, default=8.0, help="largest request body, in MB (default 8; larger: 413)"
+    )
     parser.set_defaults(handler=cmd_serve)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from refllm.loading import load_model
 
+    hosts = hosts_for(args.host)  # None (any) for a wildcard address, unless --allowed-host names some
+    if args.allowed_host:
+        hosts = (*(hosts or ()), *args.allowed_host)
+    limits = ServerLimits(max_body_bytes=int(args.max_body_mb * 1e6))
     model = load_model(args.model)
-    serve(model, host=args.host, port=args.port, model_name=model_id(args.model), max_batch_size=args.max_batch)
+    serve(
+        model,
+        host=args.host,
+        port=args.port,
+        model_name=model_id(args.model),
+        max_batch_size=args.max_batch,
+        limits=limits,
+        api_key=args.api_key or None,
+        allowed_hosts=hosts,
+        cors_origins=args.cors_origin,
+    )
     return 0
 
 
