@@ -92,9 +92,9 @@ def capped(stats: Stats, label: str, memory: int = MEMORY_CAP, seconds: float = 
     try:
         yield
     finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))  # first: what follows may need memory
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
         peak = _status_kib("VmHWM") * 1024 - before
         stats.cases += 1
         if peak > stats.worst_peak_bytes:

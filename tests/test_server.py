@@ -372,6 +372,37 @@ REFUSALS = {
         None,
     ),
     "an embedding input of the wrong type": ("/v1/embeddings", {"model": MODEL, "input": 3}, 400, "input", None),
+    "a lone surrogate in a prompt": ("/v1/completions", COMPLETION | {"prompt": "hi \ud800"}, 400, "prompt", None),
+    "a lone surrogate in a list of prompts": (
+        "/v1/completions",
+        COMPLETION | {"prompt": ["ok", "\udfff"]},
+        400,
+        "prompt[1]",
+        None,
+    ),
+    "a lone surrogate in chat content": (
+        "/v1/chat/completions",
+        CHAT | {"messages": [{"role": "user", "content": "\ud83d"}]},
+        400,
+        "messages[0].content",
+        None,
+    ),
+    "a lone surrogate in a role": (
+        "/v1/chat/completions",
+        CHAT | {"messages": [{"role": "\ud800", "content": "hi"}]},
+        400,
+        "messages[0].role",
+        None,
+    ),
+    "a lone surrogate in an embedding input": (
+        "/v1/embeddings",
+        {"model": MODEL, "input": ["\ud800"]},
+        400,
+        "input[0]",
+        None,
+    ),
+    "JSON nested 100k deep": ("/v1/completions", b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, None,
+                              "invalid_json"),  # fmt: skip
 }
 
 
