@@ -21,7 +21,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from refllm.server.limits import ServerLimits
+from refllm.server.limits import ACCEPT_BACKLOG, ServerLimits
 
 logger = logging.getLogger("uvicorn.error")
 
@@ -48,16 +48,19 @@ class GuardedH11Protocol(H11Protocol):
         self._disarm_header_timer()
         super().connection_lost(exc)
 
+    def data_received(self, data: bytes) -> None:
+        if self._waiting() and self.header_timer is None:  # the first bytes of a next request on a kept-alive one
+            self._arm_header_timer()
+        super().data_received(data)
+
     def handle_events(self) -> None:
         super().handle_events()
         if not self._waiting():  # a whole request head arrived
             self._disarm_header_timer()
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if not self.transport.is_closing():
-            self.waiting_since = time.monotonic()
-            self._arm_header_timer()
+        super().on_response_complete()  # uvicorn's keep-alive timeout closes it if nothing more comes
+        self.waiting_since = time.monotonic()
 
     def _waiting(self) -> bool:
         """No request in progress: before the first request head, or between requests."""
@@ -112,6 +115,7 @@ def server_config(app: Any, host: str, port: int, **options: Any) -> uvicorn.Con
         port=port,
         http=protocol,  # type: ignore[arg-type]
         ws="none",  # no route takes a WebSocket
+        backlog=ACCEPT_BACKLOG,
         timeout_keep_alive=limits.idle_timeout,  # type: ignore[arg-type]
         **options,
     )

@@ -7,6 +7,7 @@ app); bodies, inputs and tokens in the app itself.
 from __future__ import annotations
 
 import dataclasses
+import os
 import resource
 
 import anyio
@@ -15,7 +16,8 @@ from starlette.requests import Request
 from refllm.errors import InvalidInputError
 from refllm.server.protocol import RequestError
 
-RESERVED_FILES = 64  # open files kept free of connections: the model's map, log files, worker threads' pipes
+ACCEPT_BACKLOG = 64  # connections waiting in the kernel, and accepted at once before any can be refused
+RESERVED_FILES = 64  # open files kept free besides: for the files and pipes the server opens while it runs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,11 +37,14 @@ class ServerLimits:
                 raise InvalidInputError(f"ServerLimits.{field.name} must be a positive number; got {value!r}")
 
     def connection_limit(self) -> int:
-        """``max_connections``, lowered to leave ``RESERVED_FILES`` of the process's open-files limit free."""
+        """``max_connections``, lowered to fit in the open-files limit beside the files open now, ``RESERVED_FILES``
+        and bursts of ``ACCEPT_BACKLOG`` connections: asyncio accepts a burst at each turn of its loop, and
+        refuses (and closes) a connection a few turns later."""
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft == resource.RLIM_INFINITY:
             return self.max_connections
-        return max(1, min(self.max_connections, soft - RESERVED_FILES))
+        free = soft - len(os.listdir("/dev/fd")) - 6 * ACCEPT_BACKLOG - RESERVED_FILES
+        return max(1, min(self.max_connections, free))
 
 
 async def read_body(request: Request, limits: ServerLimits) -> bytes:
