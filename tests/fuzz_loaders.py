@@ -11,6 +11,7 @@ benchmarks/fuzz_loaders.py runs many more and reports them.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import resource
@@ -31,6 +32,7 @@ import refllm
 from refllm.io.gguf_header import map_file
 from refllm.io.safetensors import HFDirectorySource
 from tests.test_cli import CHATML, write_tiny_model
+from tests.test_gguf_source import convert
 
 MEMORY_CAP = 512 << 20  # address space a case may add to the process
 TIME_CAP = 10.0  # seconds
@@ -125,37 +127,21 @@ class Seeds:
 
 def make_seeds(directory: Path) -> Seeds:
     hf = write_tiny_model(directory / "hf")
-    path = directory / "tiny.gguf"
-    source = HFDirectorySource(hf)
-    c = source.config
-    writer = gguf.GGUFWriter(path, "llama")
-    writer.add_context_length(c.max_position_embeddings)
-    writer.add_embedding_length(c.hidden_size)
-    writer.add_feed_forward_length(c.intermediate_size)
-    writer.add_block_count(c.num_hidden_layers)
-    writer.add_head_count(c.num_attention_heads)
-    writer.add_head_count_kv(c.num_key_value_heads)
-    writer.add_layer_norm_rms_eps(c.rms_norm_eps)
-    writer.add_rope_freq_base(10_000.0)
-    tokenizer = json.loads((hf / "tokenizer.json").read_text())
+    path = convert(hf, directory / "tiny.gguf", more=functools.partial(_add_tokenizer, hf / "tokenizer.json"))
+    mapped, header = map_file(path)
+    mapped.close()
+    return Seeds(hf, path, header.data_offset)
+
+
+def _add_tokenizer(tokenizer_file: Path, writer: gguf.GGUFWriter) -> None:
+    """The byte-level BPE of ``tokenizer_file`` as GGUF metadata, as llama.cpp's converter writes it."""
+    tokenizer = json.loads(tokenizer_file.read_text())
     vocab = tokenizer["model"]["vocab"] | {t["content"]: t["id"] for t in tokenizer["added_tokens"]}
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("gpt-2")
     writer.add_token_list(sorted(vocab, key=vocab.get))
     writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"]["merges"]])
-    writer.add_bos_token_id(c.bos_token_id)
-    writer.add_eos_token_id(c.eos_token_ids[0])
     writer.add_chat_template(CHATML)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, c.num_hidden_layers)
-    for name in source.tensor_names():
-        writer.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), np.array(source.tensor(name)))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    mapped, header = map_file(path)
-    mapped.close()
-    return Seeds(hf, path, header.data_offset)
 
 
 # --- mutations ----------------------------------------------------------------------------------------

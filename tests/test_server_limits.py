@@ -28,7 +28,7 @@ from refllm.server import BackgroundServer, add_cli, create_app
 from refllm.server.guard import hosts_for
 from refllm.server.limits import ServerLimits
 from tests.test_cli import write_tiny_model
-from tests.test_server import MODEL, engine, model, server_log, tracebacks, wait_until_idle  # noqa: F401 (fixtures)
+from tests.test_server import MODEL, engine, idle_afterwards, model, server_log, tracebacks  # noqa: F401 (fixtures)
 
 LIMITS = ServerLimits(header_timeout=1.0, body_timeout=2.0, idle_timeout=1.0, max_inputs=48)
 ANSWER_WITHIN = 2.0  # seconds
@@ -39,13 +39,6 @@ SMALL = {"model": MODEL, "prompt": "hi", "max_tokens": 2, "temperature": 0}
 def server(engine):
     with BackgroundServer(create_app(engine, model_name=MODEL, limits=LIMITS)) as server:
         yield server
-
-
-@pytest.fixture(autouse=True)
-def idle_afterwards(request):
-    yield
-    if "engine" in request.fixturenames:
-        wait_until_idle(request.getfixturevalue("engine"))
 
 
 def address(server) -> tuple[str, int]:

@@ -220,8 +220,8 @@ class GGUFSource:
         rows, head_dim = n_heads * self.config.head_dim, self.config.head_dim
         if weights.shape[0] != rows or head_dim % 2:
             raise GGUFFileError(
-                f"{self.where(name)} has {weights.shape[0]} rows; {n_heads} heads of an even head dim"
-                f" ({head_dim}) need {rows}"
+                f"{self.where(name)} has shape {weights.shape}; {n_heads} heads of an even head dim"
+                f" ({head_dim}) need {rows} rows"
             )
         return reverse_permute(weights, n_heads)
 
