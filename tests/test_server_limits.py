@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -28,7 +29,15 @@ from refllm.server import BackgroundServer, add_cli, create_app
 from refllm.server.guard import hosts_for
 from refllm.server.limits import ServerLimits
 from tests.test_cli import write_tiny_model
-from tests.test_server import MODEL, engine, idle_afterwards, model, server_log, tracebacks  # noqa: F401 (fixtures)
+from tests.test_server import (  # noqa: F401 (fixtures)
+    MODEL,
+    engine,
+    idle_afterwards,
+    model,
+    server_log,
+    tracebacks,
+    wait_until_idle,
+)
 
 LIMITS = ServerLimits(header_timeout=1.0, body_timeout=2.0, idle_timeout=1.0, max_inputs=48)
 ANSWER_WITHIN = 2.0  # seconds
@@ -342,3 +351,24 @@ def test_the_serve_command_line_takes_the_key_from_the_environment_and_the_safet
     )
     assert (args.api_key, args.allowed_host, args.cors_origin) == ("k", ["box.lan"], ["https://a.example"])
     assert hosts_for("127.0.0.1") == ("127.0.0.1", "localhost", "::1") and hosts_for("0.0.0.0") is None
+
+
+@pytest.mark.slow
+def test_concurrent_greedy_streams_are_identical_and_leave_nothing_behind(server, engine):
+    """The limits change nothing for well-behaved clients: 16 greedy streams at once, three rounds, all the same
+    text, every block free after each round, and resident memory flat from the second round to the third."""
+    body = {"model": MODEL, "prompt": "the quick brown fox", "max_tokens": 40, "temperature": 0}
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+    def stream(_: int) -> str:
+        chunks = client.completions.create(**body, stream=True, extra_body={"ignore_eos": True})
+        return "".join(chunk.choices[0].text for chunk in chunks)
+
+    rss = []
+    for _ in range(3):
+        with ThreadPoolExecutor(16) as pool:
+            texts = list(pool.map(stream, range(16)))
+        assert len(set(texts)) == 1 and texts[0]
+        wait_until_idle(engine)
+        rss.append(rss_bytes())
+    assert rss[2] - rss[1] < 20 << 20
