@@ -372,3 +372,16 @@ def test_concurrent_greedy_streams_are_identical_and_leave_nothing_behind(server
         wait_until_idle(engine)
         rss.append(rss_bytes())
     assert rss[2] - rss[1] < 20 << 20
+
+
+def test_a_request_that_is_not_http_or_has_a_huge_head_gets_an_openai_error(server, server_log):
+    for garbage in [b"\x16\x03\x01\x02\x00 not http\r\n\r\n", b"GET / HTTP/1.1\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n"]:
+        with socket.create_connection(address(server)) as connection:
+            connection.sendall(garbage)
+            connection.settimeout(5)
+            answer = b""
+            while chunk := connection.recv(65536):
+                answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400") and json.loads(body)["error"]["type"] == "invalid_request_error"
+    assert not tracebacks(server_log)

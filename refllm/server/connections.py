@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import time
 from typing import Any
 
+import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from refllm.server.limits import ACCEPT_BACKLOG, ServerLimits
+from refllm.server.protocol import RequestError
 
 logger = logging.getLogger("uvicorn.error")
 
@@ -61,6 +64,14 @@ class GuardedH11Protocol(H11Protocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()  # uvicorn's keep-alive timeout closes it if nothing more comes
         self.waiting_since = time.monotonic()
+
+    def send_400_response(self, msg: str) -> None:
+        """A request that is not HTTP (or whose head is too large) answered in OpenAI's error shape, not plain text."""
+        body = json.dumps(RequestError(msg).body()).encode()
+        headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+        for event in (h11.Response(status_code=400, headers=headers), h11.Data(data=body), h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
 
     def _waiting(self) -> bool:
         """No request in progress: before the first request head, or between requests."""
