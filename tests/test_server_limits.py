@@ -323,6 +323,10 @@ def test_a_cross_site_text_plain_post_is_refused_before_it_generates(server, eng
     )
     assert response.status_code == 403 and "access-control-allow-origin" not in response.headers
     assert engine.stats.prefills == before
+    own_page = httpx.post(server.url + "/v1/completions", json=SMALL, headers={"Origin": server.url})
+    assert own_page.status_code == 200  # a page the server itself serves is the same origin
+    other_port = httpx.post(server.url + "/v1/completions", json=SMALL, headers={"Origin": "http://127.0.0.1:1"})
+    assert other_port.status_code == 403
 
 
 def test_cors_is_off_unless_an_origin_is_named(engine):

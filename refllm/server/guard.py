@@ -71,7 +71,8 @@ class AccessGuard:
         if self.allowed_hosts is not None and host not in self.allowed_hosts:
             return RequestError(f"the Host {host!r:.80} is not one this server answers to", status=403)
         origin = headers.get("origin")
-        if origin is not None and origin not in self.cors_origins and _hostname(urlsplit(origin).netloc) != host:
+        same_origin = origin is not None and urlsplit(origin).netloc.lower() == headers.get("host", "").lower()
+        if origin is not None and origin not in self.cors_origins and not same_origin:
             return RequestError(f"requests from the origin {origin!r:.80} are not allowed", status=403)
         if self.api_key is not None and scope["path"] not in OPEN_PATHS:
             scheme, _, token = headers.get("authorization", "").partition(" ")
