@@ -47,6 +47,7 @@ SMALL = {"model": MODEL, "prompt": "hi", "max_tokens": 2, "temperature": 0}
 @pytest.fixture(scope="module")
 def server(engine):
     with BackgroundServer(create_app(engine, model_name=MODEL, limits=LIMITS)) as server:
+        small_request_answers(server.url)  # kernels compiled (or loaded from Numba's cache) before any timing
         yield server
 
 
