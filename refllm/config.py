@@ -18,16 +18,15 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from refllm.config_checks import MAX_LAYERS, check_fields, check_number, check_size
+from refllm.errors import ConfigError
+
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text", "gemma3")
 ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
-
-
-class ConfigError(ValueError):
-    """A config.json (or GGUF metadata) that refllm cannot build a model from."""
 
 
 class UnsupportedArchitectureError(ConfigError):
@@ -132,11 +131,7 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ConfigError(
-                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                f"num_key_value_heads ({self.num_key_value_heads})"
-            )
+        check_fields(self)  # before anything is built per layer
         if self.hidden_act not in ACTIVATIONS:
             raise ConfigError(f"unsupported activation {self.hidden_act!r}; supported: {', '.join(ACTIVATIONS)}")
         if not self.layer_types:
@@ -181,6 +176,8 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, config: dict[str, Any]) -> ModelConfig:
         """Build a ModelConfig from the dict of a Hugging Face ``config.json``."""
+        if not isinstance(config, dict):
+            raise ConfigError(f"config.json must hold a JSON object; got {type(config).__name__}")
         model_type = config.get("model_type")
         if model_type not in SUPPORTED_ARCHITECTURES:
             raise UnsupportedArchitectureError(
@@ -188,10 +185,17 @@ class ModelConfig:
             )
         if model_type == "gemma3":
             # The multimodal Gemma 3 config nests the language model under text_config.
-            text_config = dict(config.get("text_config") or {})
-            text_config["model_type"] = "gemma3_text"
-            return cls.from_hf(text_config)
-        return _ARCHITECTURE_READERS[model_type](_Keys(config))
+            text_config = config.get("text_config") or {}
+            if not isinstance(text_config, dict):
+                raise ConfigError(f"config.json's text_config must be an object; got {text_config!r:.60}")
+            return cls.from_hf(text_config | {"model_type": "gemma3_text"})
+        try:
+            return _ARCHITECTURE_READERS[model_type](_Keys(config))
+        except ConfigError:
+            raise
+        except (TypeError, ValueError, AttributeError, OverflowError, ZeroDivisionError) as error:
+            # a value of the wrong kind somewhere the readers take it as it comes (rope settings, say)
+            raise ConfigError(f"config.json has a value of the wrong kind for a {model_type} model: {error}") from None
 
 
 class _Keys:
@@ -204,6 +208,11 @@ class _Keys:
         if self.config.get(key) is None:
             raise ConfigError(f"config.json has no {key!r} (model_type {self.config.get('model_type')!r})")
         return self.config[key]
+
+    def size(self, key: str, default: int | None = None, high: int | None = None) -> int:
+        """A positive integer (required unless ``default`` is given), refused by name otherwise."""
+        value = self.require(key) if default is None else self.get(key, default)
+        return check_size(value, key) if high is None else check_size(value, key, high)
 
     def get(self, key: str, default: Any = None) -> Any:
         value = self.config.get(key)
@@ -219,19 +228,19 @@ def _eos_ids(keys: _Keys) -> tuple[int, ...]:
 
 def _common(keys: _Keys) -> dict[str, Any]:
     """The keys every architecture shares."""
-    hidden_size = int(keys.require("hidden_size"))
-    num_heads = int(keys.require("num_attention_heads"))
+    hidden_size = keys.size("hidden_size")
+    num_heads = keys.size("num_attention_heads")
     return dict(
         model_type=keys.require("model_type"),
-        vocab_size=int(keys.require("vocab_size")),
+        vocab_size=keys.size("vocab_size"),
         hidden_size=hidden_size,
-        intermediate_size=int(keys.require("intermediate_size")),
-        num_hidden_layers=int(keys.require("num_hidden_layers")),
+        intermediate_size=keys.size("intermediate_size"),
+        num_hidden_layers=keys.size("num_hidden_layers", high=MAX_LAYERS),
         num_attention_heads=num_heads,
-        num_key_value_heads=int(keys.get("num_key_value_heads", num_heads)),
-        head_dim=int(keys.get("head_dim", hidden_size // num_heads)),
-        max_position_embeddings=int(keys.get("max_position_embeddings", 2048)),
-        rms_norm_eps=float(keys.get("rms_norm_eps", 1e-6)),
+        num_key_value_heads=keys.size("num_key_value_heads", num_heads),
+        head_dim=keys.size("head_dim", max(hidden_size // num_heads, 1)),
+        max_position_embeddings=keys.size("max_position_embeddings", 2048),
+        rms_norm_eps=check_number(keys.get("rms_norm_eps", 1e-6), "rms_norm_eps", positive=True),
         hidden_act=keys.get("hidden_act", keys.get("hidden_activation", "silu")),
         tie_word_embeddings=bool(keys.get("tie_word_embeddings", False)),
         bos_token_id=keys.get("bos_token_id"),
@@ -253,7 +262,7 @@ def _single_rope(keys: _Keys, default_theta: float = 10_000.0) -> RopeParameters
 def _window_layer_types(keys: _Keys, window: int | None, first_window_layer: int) -> tuple[str, ...]:
     if keys.get("layer_types") is not None:
         return tuple(keys.get("layer_types"))
-    n = int(keys.require("num_hidden_layers"))
+    n = keys.size("num_hidden_layers", high=MAX_LAYERS)
     return tuple(
         SLIDING_ATTENTION if window is not None and i >= first_window_layer else FULL_ATTENTION for i in range(n)
     )
@@ -329,7 +338,7 @@ def _gemma3(keys: _Keys) -> ModelConfig:
     if keys.get("layer_types") is not None:
         layer_types = tuple(keys.get("layer_types"))
     else:
-        pattern = int(keys.get("sliding_window_pattern", GEMMA3_SLIDING_WINDOW_PATTERN))
+        pattern = keys.size("sliding_window_pattern", GEMMA3_SLIDING_WINDOW_PATTERN)
         layer_types = tuple(SLIDING_ATTENTION if (i + 1) % pattern else FULL_ATTENTION for i in range(n))
     max_pos = common["max_position_embeddings"]
     parameters = keys.get("rope_parameters")

@@ -38,6 +38,10 @@ class CacheCapacityError(ValueError):
     """The KV cache cannot hold the tokens asked for; nothing was written."""
 
 
+class ConfigError(ValueError):
+    """A config.json (or GGUF metadata) that refllm cannot build a model from."""
+
+
 class WeightError(ValueError):
     """A checkpoint whose tensors disagree with its config."""
 

@@ -8,6 +8,7 @@ file (no network on a fresh machine) is skipped, not failed.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ SMOLLM2 = "smollm2-135m"  # models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf
 GEMMA3 = "gemma3-270m"  # models/gemma3-270m/gemma-3-270m-q4_k_m.gguf
 
 
+@functools.cache  # a pull checks the file's SHA-256 each time: once per test run is enough
 def real_model_path(name: str) -> Path:
     """The GGUF file of catalog model ``name``, pulled if it is not here yet."""
     return catalog.pull(name, progress=False)

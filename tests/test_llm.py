@@ -217,6 +217,10 @@ BAD_CALLS = {
     "decode past the context length": (lambda llm: llm.decode("full", 1, 64), ContextLengthError),
     "verify past the context length": (lambda llm: llm.decode_all_logits("a", [1] * 60, 5), ContextLengthError),
     "unhashable cache id": (lambda llm: llm.prefill(["a"], [1]), InvalidInputError),
+    "a NaN cache id": (lambda llm: llm.prefill(float("nan"), [1]), InvalidInputError),
+    "a NumPy NaN cache id": (lambda llm: llm.prefill(np.float64("nan"), [1]), InvalidInputError),
+    "a NaN inside a tuple cache id": (lambda llm: llm.prefill(("x", float("nan")), [1]), InvalidInputError),
+    "a NaN cache id in a batch": (lambda llm: llm.decode_batch([(float("nan"), 1, 0)]), InvalidInputError),
     "release of an unknown id": (lambda llm: llm.release("nobody"), UnknownSequenceError),
     "fork into a live id": (lambda llm: llm.fork("a", "b"), InvalidInputError),
     "truncate past the length": (lambda llm: llm.truncate("a", 6), ValueError),
@@ -236,6 +240,14 @@ def test_bad_input_is_refused_and_changes_nothing(name):
         call(llm)
     assert_same_state(before, snapshot((llm.arena, llm._seq_ids)))
     assert isinstance(error(""), (ValueError, KeyError))
+
+
+def test_a_token_list_of_mixed_integer_types_is_accepted():
+    """int and np.uint64 together make a float64 array under np.asarray; each id is an integer all the same."""
+    llm = make_llm()
+    mixed = [1, np.uint64(2), np.int8(3), np.int32(4)]
+    np.testing.assert_array_equal(llm.prefill("mixed", mixed), llm.prefill("plain", [1, 2, 3, 4]))
+    assert llm.length("mixed") == 4
 
 
 def test_the_llm_refuses_a_contiguous_cache():

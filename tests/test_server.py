@@ -34,8 +34,8 @@ from refllm.runtime.configurable_executor import ConfigurableModelExecutor
 from refllm.runtime.executor import LLMExecutor
 from refllm.runtime.llm import LLM
 from refllm.runtime.sampling import SamplingParams
-from refllm.server import BackgroundServer, add_cli, create_app
-from refllm.server.run import model_id
+from refllm.commands.serve import add_cli, model_id
+from refllm.server import BackgroundServer, create_app
 from tests.real_models import SMOLLM2, real_model_or_skip
 from tests.test_engine import failing_script
 from tests.test_tokenizer import CHATML, byte_level_backend
@@ -286,7 +286,7 @@ def test_a_client_leaving_mid_stream_cancels_its_request(engine, client, server_
 def test_a_client_leaving_before_a_whole_answer_cancels_its_request(server, engine, server_log):
     cancelled = engine.stats.cancelled_requests
     body = json.dumps({"model": MODEL, "messages": HELLO, "max_tokens": 300, "temperature": 0, "ignore_eos": True})
-    head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\nContent-Length: {len(body)}\r\n\r\n"
+    head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(body)}\r\n\r\n"
     host, port = server.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as connection:
         connection.sendall(head.encode() + body.encode())
@@ -300,7 +300,7 @@ def test_a_client_leaving_before_a_whole_answer_cancels_its_request(server, engi
 
 
 def test_a_client_leaving_before_its_body_arrives_is_no_error(server, engine, server_log):
-    head = "POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Length: 1000\r\n\r\n{"
+    head = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n\r\n{"
     host, port = server.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as connection:
         connection.sendall(head.encode())
@@ -373,6 +373,37 @@ REFUSALS = {
         None,
     ),
     "an embedding input of the wrong type": ("/v1/embeddings", {"model": MODEL, "input": 3}, 400, "input", None),
+    "a lone surrogate in a prompt": ("/v1/completions", COMPLETION | {"prompt": "hi \ud800"}, 400, "prompt", None),
+    "a lone surrogate in a list of prompts": (
+        "/v1/completions",
+        COMPLETION | {"prompt": ["ok", "\udfff"]},
+        400,
+        "prompt[1]",
+        None,
+    ),
+    "a lone surrogate in chat content": (
+        "/v1/chat/completions",
+        CHAT | {"messages": [{"role": "user", "content": "\ud83d"}]},
+        400,
+        "messages[0].content",
+        None,
+    ),
+    "a lone surrogate in a role": (
+        "/v1/chat/completions",
+        CHAT | {"messages": [{"role": "\ud800", "content": "hi"}]},
+        400,
+        "messages[0].role",
+        None,
+    ),
+    "a lone surrogate in an embedding input": (
+        "/v1/embeddings",
+        {"model": MODEL, "input": ["\ud800"]},
+        400,
+        "input[0]",
+        None,
+    ),
+    "JSON nested 100k deep": ("/v1/completions", b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, None,
+                              "invalid_json"),  # fmt: skip
 }
 
 

@@ -67,6 +67,16 @@ def _whole_number(text: str, least: int) -> int:
     return value
 
 
+def positive_number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{value:g} must be positive")
+    return value
+
+
 def batch_sizes(text: str) -> list[int]:
     return [positive_int(part) for part in text.split(",")]
 

@@ -34,14 +34,10 @@ from typing import Any
 import numpy as np
 
 from refllm.config import ConfigError, ModelConfig
+from refllm.config_checks import check_layer_count, check_number, check_size, check_token_id
 from refllm.errors import WeightError
 from refllm.io.gguf_header import GGUFHeader, TensorInfo, map_file
-from refllm.io.gguf_tokenizer import (
-    MissingTokenizerKeyError,
-    UnsupportedTokenizerError,
-    tokenizer_from_gguf,
-    tokenizer_metadata,
-)
+from refllm.io.gguf_tokenizer import tokenizer_from_gguf, tokenizer_metadata
 from refllm.quant.formats import FORMATS, dequantize
 from refllm.quant.linear import QuantizedTensor, kernel_reads
 
@@ -214,14 +210,23 @@ class GGUFSource:
         if self.architecture == "llama":
             # LlamaModel.modify_tensors permutes q_proj (weight and bias) with H heads and k_proj with K.
             if ".self_attn.q_proj." in name:
-                return reverse_permute(weights, c.num_attention_heads)
+                return self._unpermuted(name, weights, c.num_attention_heads)
             if ".self_attn.k_proj." in name:
-                return reverse_permute(weights, c.num_key_value_heads)
+                return self._unpermuted(name, weights, c.num_key_value_heads)
         if self.architecture == "gemma3" and name.endswith("norm.weight"):
             # Gemma3Model.modify_tensors adds 1 to every tensor named *norm.weight (the layer norms,
             # q_norm, k_norm and the final norm) so llama.cpp can multiply by w; refllm applies (1 + w).
             return weights - 1.0
         return weights
+
+    def _unpermuted(self, name: str, weights: np.ndarray, n_heads: int) -> np.ndarray:
+        rows, head_dim = n_heads * self.config.head_dim, self.config.head_dim
+        if weights.shape[0] != rows or head_dim % 2:
+            raise GGUFFileError(
+                f"{self.where(name)} has shape {weights.shape}; {n_heads} heads of an even head dim"
+                f" ({head_dim}) need {rows} rows"
+            )
+        return reverse_permute(weights, n_heads)
 
     # ---- reading the file ----
 
@@ -248,6 +253,19 @@ class GGUFSource:
         if value is None:
             raise GGUFFileError(f"{self.path} has no metadata key {key!r}, which a {self.architecture} model needs")
         return value
+
+    def _size(self, key: str, default: int | None = None) -> int:
+        """A positive integer of the metadata (required unless ``default`` is given), refused by name otherwise."""
+        return check_size(self._require(key) if default is None else self._value(key, default), key)
+
+    def _number(self, key: str, default: float | None = None) -> float:
+        return check_number(self._require(key) if default is None else self._value(key, default), key)
+
+    def _layer_count(self, key: str) -> int:
+        """The block count, refused unless the file holds tensors for exactly that many layers."""
+        layers = self._size(key)
+        check_layer_count(layers, self._tensors, f"metadata {key}")
+        return layers
 
     def _architecture(self) -> str:
         architecture = self._value("general.architecture")
@@ -283,8 +301,10 @@ class GGUFSource:
             return None
         try:
             return tokenizer_from_gguf(tokenizer_metadata(self.header.metadata))
-        except (UnsupportedTokenizerError, MissingTokenizerKeyError) as e:
-            raise GGUFFileError(f"{self.path}: its tokenizer cannot be built: {e}") from None
+        except MemoryError:
+            raise
+        except Exception as e:  # noqa: BLE001 (tokenizers raises bare Exceptions; corrupt values raise TypeErrors)
+            raise GGUFFileError(f"{self.path}: its tokenizer (tokenizer.ggml.*) cannot be built: {e}") from None
 
     # ---- metadata -> config.json ----
 
@@ -298,38 +318,38 @@ class GGUFSource:
         def key(name: str) -> str:
             return f"{arch}.{name}"
 
-        hidden_size = int(self._require(key("embedding_length")))
-        num_heads = int(self._require(key("attention.head_count")))
-        head_dim = int(self._value(key("attention.key_length"), hidden_size // num_heads))
-        value_dim = int(self._value(key("attention.value_length"), head_dim))
+        hidden_size = self._size(key("embedding_length"))
+        num_heads = self._size(key("attention.head_count"))
+        head_dim = self._size(key("attention.key_length"), max(hidden_size // num_heads, 1))
+        value_dim = self._size(key("attention.value_length"), head_dim)
         if value_dim != head_dim:
             raise GGUFFileError(f"{self.path}: key length {head_dim} and value length {value_dim} differ")
         config: dict[str, Any] = dict(
             model_type=_MODEL_TYPES[arch],
             vocab_size=int(self._tensors["model.embed_tokens.weight"].shape[0]),  # [V, D]
             hidden_size=hidden_size,
-            intermediate_size=int(self._require(key("feed_forward_length"))),
-            num_hidden_layers=int(self._require(key("block_count"))),
+            intermediate_size=self._size(key("feed_forward_length")),
+            num_hidden_layers=self._layer_count(key("block_count")),
             num_attention_heads=num_heads,
-            num_key_value_heads=int(self._value(key("attention.head_count_kv"), num_heads)),
+            num_key_value_heads=self._size(key("attention.head_count_kv"), num_heads),
             head_dim=head_dim,
-            max_position_embeddings=int(self._require(key("context_length"))),
-            rms_norm_eps=float(self._require(key("attention.layer_norm_rms_epsilon"))),
-            rope_theta=float(self._value(key("rope.freq_base"), 10_000.0)),  # llama.cpp's default
+            max_position_embeddings=self._size(key("context_length")),
+            rms_norm_eps=self._number(key("attention.layer_norm_rms_epsilon")),
+            rope_theta=self._number(key("rope.freq_base"), 10_000.0),  # llama.cpp's default
             rope_scaling=self._rope_scaling(key),
             tie_word_embeddings="lm_head.weight" not in self._tensors,  # llama.cpp reuses token_embd
             attention_bias="model.layers.0.self_attn.q_proj.bias" in self._tensors,
             mlp_bias="model.layers.0.mlp.up_proj.bias" in self._tensors,
-            bos_token_id=self._value("tokenizer.ggml.bos_token_id"),
+            bos_token_id=check_token_id(self._value("tokenizer.ggml.bos_token_id"), "tokenizer.ggml.bos_token_id"),
             eos_token_id=self._end_of_generation_ids(),
         )
-        original_context = self._value(key("rope.scaling.original_context_length"))
-        if original_context is not None:
-            config["original_max_position_embeddings"] = int(original_context)
-        rotary_dims = self._value(key("rope.dimension_count"))
-        if rotary_dims is not None:
-            config["partial_rotary_factor"] = int(rotary_dims) / head_dim
-        window = self._value(key("attention.sliding_window")) or None  # 0 means none (Phi-4)
+        if self._value(key("rope.scaling.original_context_length")) is not None:
+            config["original_max_position_embeddings"] = self._size(key("rope.scaling.original_context_length"))
+        if self._value(key("rope.dimension_count")) is not None:
+            config["partial_rotary_factor"] = self._size(key("rope.dimension_count")) / head_dim
+        window = None  # 0 or absent means none (Phi-4 writes 0)
+        if self._value(key("attention.sliding_window")):
+            window = self._size(key("attention.sliding_window"))
         if arch == "phi3":
             config["sliding_window"] = window
         if arch == "gemma3":
@@ -342,15 +362,16 @@ class GGUFSource:
             return None
         if kind not in ("linear", "yarn"):
             raise GGUFFileError(f"{self.path}: rope scaling type {kind!r} is not supported; supported: linear, yarn")
-        return {"rope_type": kind, "factor": float(self._require(key("rope.scaling.factor")))}
+        return {"rope_type": kind, "factor": self._number(key("rope.scaling.factor"))}
 
     def _end_of_generation_ids(self) -> list[int]:
         """EOS, then the end-of-turn/-message tokens llama.cpp also stops on, when the file names them."""
-        ids = [self._value(f"tokenizer.ggml.{kind}_token_id") for kind in ("eos", "eot", "eom")]
-        return list(dict.fromkeys(int(i) for i in ids if i is not None))
+        keys = [f"tokenizer.ggml.{kind}_token_id" for kind in ("eos", "eot", "eom")]
+        ids = [check_token_id(self._value(key), key) for key in keys]
+        return list(dict.fromkeys(i for i in ids if i is not None))
 
     def _gemma3(self, window: int | None, hidden_size: int, num_heads: int, head_dim: int) -> dict[str, Any]:
-        layers = int(self._require("gemma3.block_count"))
+        layers = self._layer_count("gemma3.block_count")
         if window is None:  # newer converters omit the window of a model without one
             layer_types = ["full_attention"] * layers
         else:
@@ -364,7 +385,6 @@ class GGUFSource:
         )
         if window is not None:
             config["sliding_window"] = window
-        softcap = self._value("gemma3.final_logit_softcapping")
-        if softcap:
-            config["final_logit_softcapping"] = float(softcap)
+        if self._value("gemma3.final_logit_softcapping"):
+            config["final_logit_softcapping"] = self._number("gemma3.final_logit_softcapping")
         return config

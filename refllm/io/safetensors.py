@@ -11,17 +11,23 @@ header of dtype/shape/offsets, then the raw bytes) is mapped here directly.
 
 from __future__ import annotations
 
-import json
+import math
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from refllm.config import ModelConfig
+from refllm.config import ConfigError, ModelConfig
+from refllm.config_checks import check_layer_count
 from refllm.errors import WeightError
+from refllm.io.json_file import parse_json_object, read_json_object
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
+MAX_HEADER_BYTES = 100_000_000  # the safetensors format's own bound on its JSON header
+MAX_DIMS = 8
 
 
 class CheckpointError(WeightError):
@@ -31,6 +37,7 @@ class CheckpointError(WeightError):
 @dataclass(frozen=True)
 class _TensorEntry:
     file: Path
+    name: str
     dtype: str
     shape: tuple[int, ...]
     start: int  # absolute byte offsets in the file
@@ -38,25 +45,54 @@ class _TensorEntry:
 
 
 def _read_header(path: Path) -> dict[str, _TensorEntry]:
+    """The tensor table of a safetensors file, every entry checked against the file before it is trusted."""
+    file_size = path.stat().st_size
     with open(path, "rb") as f:
         prefix = f.read(8)
         if len(prefix) < 8:
             raise CheckpointError(f"{path} is not a safetensors file (shorter than its header)")
         (header_len,) = struct.unpack("<Q", prefix)
-        try:
-            header = json.loads(f.read(header_len))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CheckpointError(f"{path} has a corrupt safetensors header ({e})") from None
-    data_start = 8 + header_len
-    entries = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        if info["dtype"] not in _DTYPES:
-            raise CheckpointError(f"tensor {name!r} in {path} has dtype {info['dtype']}; refllm reads F32, F16, BF16")
-        begin, end = info["data_offsets"]
-        entries[name] = _TensorEntry(path, info["dtype"], tuple(info["shape"]), data_start + begin, data_start + end)
+        if header_len > min(file_size - 8, MAX_HEADER_BYTES):
+            raise CheckpointError(
+                f"{path}: header length {header_len} is past the file's {file_size} bytes"
+                f" or the format's {MAX_HEADER_BYTES}"
+            )
+        header = parse_json_object(f.read(header_len), f"the safetensors header of {path}", CheckpointError)
+    data_start, data_size = 8 + header_len, file_size - 8 - header_len
+    entries = {name: _entry(path, name, info, data_start, data_size) for name, info in header.items()
+               if name != "__metadata__"}  # fmt: skip
+    previous = None
+    for entry in sorted(entries.values(), key=lambda e: (e.start, e.end)):
+        if previous is not None and entry.start < previous.end:
+            raise CheckpointError(f"{path}: tensor {entry.name!r} overlaps tensor {previous.name!r}")
+        previous = entry
     return entries
+
+
+def _entry(path: Path, name: str, info: Any, data_start: int, data_size: int) -> _TensorEntry:
+    """One tensor's entry of the header -> where its bytes are, refused unless they fit its dtype, shape and file."""
+    where = f"{path}: tensor {name!r}"
+    if not isinstance(info, dict):
+        raise CheckpointError(f"{where} has an entry that is not an object: {info!r:.60}")
+    dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if not isinstance(dtype, str) or dtype not in _DTYPES:
+        raise CheckpointError(f"{where} has dtype {dtype!r:.30}; refllm reads F32, F16, BF16")
+    if not _integers(shape, lambda n: n >= 0) or len(shape) > MAX_DIMS:
+        raise CheckpointError(f"{where} has shape {shape!r:.60}, not a list of at most {MAX_DIMS} sizes >= 0")
+    if not (_integers(offsets, lambda n: 0 <= n <= data_size) and len(offsets) == 2 and offsets[0] <= offsets[1]):
+        raise CheckpointError(f"{where} has data_offsets {offsets!r:.60}, not [begin, end] within its {data_size} bytes")
+    nbytes = math.prod(shape) * np.dtype(_DTYPES[dtype]).itemsize
+    if offsets[1] - offsets[0] != nbytes:
+        raise CheckpointError(
+            f"{where} of dtype {dtype} and shape {shape} takes {nbytes} bytes; its data_offsets {offsets} hold"
+            f" {offsets[1] - offsets[0]}"
+        )
+    return _TensorEntry(path, name, dtype, tuple(shape), data_start + offsets[0], data_start + offsets[1])
+
+
+def _integers(value: Any, ok: Callable[[int], bool]) -> bool:
+    """Whether ``value`` is a list of integers (not booleans), each ``ok``."""
+    return isinstance(value, list) and all(type(n) is int and ok(n) for n in value)
 
 
 class SafetensorsCheckpoint:
@@ -65,7 +101,11 @@ class SafetensorsCheckpoint:
     def __init__(self, directory: Path):
         index = directory / "model.safetensors.index.json"
         if index.exists():
-            files = sorted({directory / f for f in json.loads(index.read_text())["weight_map"].values()})
+            weight_map = read_json_object(index, CheckpointError).get("weight_map")
+            names = list(weight_map.values()) if isinstance(weight_map, dict) else None
+            if names is None or not all(isinstance(n, str) and n and Path(n).name == n for n in names):
+                raise CheckpointError(f"{index}: weight_map must map tensor names to file names in {directory}")
+            files = sorted({directory / n for n in names})
         else:
             files = sorted(directory.glob("*.safetensors"))
         if not files:
@@ -74,7 +114,11 @@ class SafetensorsCheckpoint:
         for file in files:
             if not file.exists():
                 raise CheckpointError(f"{index.name} names {file.name}, which is not in {directory}")
-            self.entries |= _read_header(file)
+            entries = _read_header(file)
+            twice = next(iter(entries.keys() & self.entries.keys()), None)
+            if twice is not None:
+                raise CheckpointError(f"tensor {twice!r} is in both {self.entries[twice].file} and {file}")
+            self.entries |= entries
         self._maps: dict[Path, np.memmap] = {}
 
     def names(self) -> list[str]:
@@ -112,13 +156,14 @@ class HFDirectorySource:
         config_file = directory / "config.json"
         if not config_file.exists():
             raise CheckpointError(f"{directory} has no config.json")
-        try:
-            raw_config = json.loads(config_file.read_text())
-        except json.JSONDecodeError as e:
-            raise CheckpointError(f"{config_file} is not valid JSON ({e})") from None
+        raw_config = read_json_object(config_file, CheckpointError)
         self.directory = directory
-        self.config = ModelConfig.from_hf(raw_config)
+        try:
+            self.config = ModelConfig.from_hf(raw_config)
+        except ConfigError as e:
+            raise ConfigError(f"{config_file}: {e}") from None
         self.checkpoint = SafetensorsCheckpoint(directory)
+        check_layer_count(self.config.num_hidden_layers, self.checkpoint.names(), str(config_file))
         self.tokenizer = Tokenizer.from_directory(directory)
 
     def tensor_names(self) -> list[str]:

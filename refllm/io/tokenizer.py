@@ -8,7 +8,7 @@ character that byte-level tokens split.
 
 from __future__ import annotations
 
-import json
+import functools
 import operator
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -18,6 +18,7 @@ import tokenizers
 
 from refllm.errors import InvalidInputError, RefllmKeyError, TokenOutOfRangeError
 from refllm.io.chat_template import ChatTemplate, ChatTemplateError
+from refllm.io.json_file import read_json_object
 
 # Decoding a byte sequence that stops inside a UTF-8 character yields this character at the end.
 _REPLACEMENT_CHAR = "\ufffd"
@@ -154,6 +155,22 @@ class Tokenizer:
         if not isinstance(text, str):
             raise InvalidInputError(f"text must be a str, got {type(text).__name__}")
         encoding = self.backend.encode(text, add_special_tokens=add_special_tokens)
+        return self._with_special_tokens(encoding, add_special_tokens)
+
+    def encode_many(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
+        """``encode`` of each text, in one call that lets other Python threads run meanwhile (a server's, say)."""
+        if not all(isinstance(text, str) for text in texts):
+            raise InvalidInputError("texts must be a list of str")
+        encodings = self.backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)  # releases the GIL
+        return [self._with_special_tokens(encoding, add_special_tokens) for encoding in encodings]
+
+    @functools.cached_property
+    def longest_token_chars(self) -> int:
+        """The most characters any token of the vocabulary spells: a text of N characters is at least
+        N / longest_token_chars tokens long, which bounds a text's length before it is tokenized."""
+        return max(len(token) for token in self.backend.get_vocab(with_added_tokens=True))
+
+    def _with_special_tokens(self, encoding: tokenizers.Encoding, add_special_tokens: bool) -> list[int]:
         ids = encoding.ids
         if not add_special_tokens:
             return ids
@@ -248,13 +265,7 @@ def _read_json_object(path: Path) -> dict[str, Any]:
     """The JSON object in `path`, or {} if there is no such file."""
     if not path.is_file():
         return {}
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise TokenizerFileError(f"{path} cannot be read: {exc}") from exc
-    if not isinstance(value, dict):
-        raise TokenizerFileError(f"{path} must hold a JSON object, got {type(value).__name__}")
-    return value
+    return read_json_object(path, TokenizerFileError)
 
 
 def _token_content(value: Any, where: str) -> str | None:

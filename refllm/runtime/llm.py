@@ -249,7 +249,13 @@ class LLM:
 
 def check_prompt(tokens: Any, vocab_size: int) -> np.ndarray:
     """tokens: a non-empty 1-D sequence of ids in [0, vocab_size) -> [T] int64."""
-    array = np.asarray(tokens)
+    if isinstance(tokens, (list, tuple)):  # item by item: int and np.uint64 together would make a float64 array
+        array = np.empty(len(tokens), object)
+        array[:] = tokens
+        if any(isinstance(t, (list, tuple, np.ndarray)) for t in tokens):
+            array = np.asarray(tokens)  # nested: refused below by its rank
+    else:
+        array = np.asarray(tokens)
     if array.ndim != 1 or array.size == 0 or not (np.issubdtype(array.dtype, np.integer) or array.dtype == object):
         raise InvalidInputError(f"tokens must be a non-empty list of token ids; got {_describe(tokens)}")
     return np.array([check_token(t, vocab_size) for t in array], np.int64)
@@ -304,11 +310,24 @@ def check_decode_items(
 
 
 def check_cache_id(cache_id: Any) -> Hashable:
+    """A cache id that a dict can find again: hashable and equal to itself (no NaN, not even inside a tuple)."""
     try:
         hash(cache_id)
-    except TypeError:
-        raise InvalidInputError(f"a cache id must be hashable (an int or a str, say); got {cache_id!r:.80}") from None
+        found_again = _equal_to_itself(cache_id)
+    except (TypeError, ValueError):
+        found_again = False
+    if not found_again:
+        raise InvalidInputError(
+            f"a cache id must be hashable and equal to itself (an int or a str, say); got {cache_id!r:.80}"
+        )
     return cache_id
+
+
+def _equal_to_itself(value: Any) -> bool:
+    """``value == value``, also for the items of tuples (whose comparison skips an item that is itself)."""
+    if isinstance(value, (tuple, frozenset)):
+        return all(_equal_to_itself(item) for item in value)
+    return bool(value == value)
 
 
 def _describe(value: Any) -> str:

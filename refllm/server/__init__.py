@@ -6,10 +6,12 @@
     with BackgroundServer(app) as server: ...            # on a thread, port 0 by default (tests, notebooks)
 
 Endpoints: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions`` (both
-with SSE streaming), ``/v1/embeddings``, ``/v1/model/info`` and ``/health``. See docs/server.md.
+with SSE streaming), ``/v1/embeddings``, ``/v1/model/info`` and ``/health``; limits
+on what one client may ask, an API key and Host/Origin checks. See docs/server.md.
 """
 
 from refllm.server.app import create_app
-from refllm.server.run import BackgroundServer, add_cli, serve
+from refllm.server.limits import ServerLimits
+from refllm.server.run import BackgroundServer, serve
 
-__all__ = ["BackgroundServer", "add_cli", "create_app", "serve"]
+__all__ = ["BackgroundServer", "ServerLimits", "create_app", "serve"]

@@ -8,36 +8,39 @@ model's forward pass on a throwaway contiguous cache, on a worker thread.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import dataclasses
 import functools
-import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import anyio
-import numpy as np
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from refllm.errors import InvalidInputError
 from refllm.models.llama import LlamaFamilyModel
-from refllm.runtime.embedding import pooled_hidden_states
 from refllm.runtime.engine import CompletionDelta, Engine
 from refllm.runtime.executor import LLMExecutor
 from refllm.runtime.llm import LLM, check_prompt
 from refllm.runtime.sampling import SamplingParams
-from refllm.server import protocol
-from refllm.server.generation import EngineFailure, EventStream, Generation, unless_disconnected
+from refllm.server import errors, protocol
+from refllm.server.embeddings import Embedder, encode
+from refllm.server.generation import EventStream, Generation, events, unless_disconnected
+from refllm.server.guard import AccessGuard
+from refllm.server.inputs import RequestInputs
+from refllm.server.limits import ServerLimits
 from refllm.server.protocol import MAX_TOP_LOGPROBS, RequestError, TokenLogprob
 
-Chunk = Callable[[int, CompletionDelta], "dict[str, Any] | None"]  # (choice, delta) -> a stream chunk's choice
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+
 
 
 @dataclasses.dataclass
@@ -52,15 +55,16 @@ class Choice:
 class OpenAIServer:
     """The endpoints, over one engine and (for embeddings) the model behind it."""
 
-    def __init__(self, engine: Engine, model_name: str, *, owns_engine: bool):
+    def __init__(self, engine: Engine, model_name: str, *, owns_engine: bool, limits: ServerLimits):
         self.engine = engine
         self.model_name = model_name
         self.tokenizer = engine.tokenizer
+        self.inputs = RequestInputs(engine.tokenizer, engine.info.context_length, model_name, limits)
         llm = getattr(engine.executor, "llm", None)  # an LLMExecutor's; a scripted one has no model behind it
         self.model: LlamaFamilyModel | None = llm.model if isinstance(llm, LLM) else None
+        self.embedder = Embedder(self.model) if self.model is not None else None
         self.created = int(time.time())
         self._owns_engine = owns_engine
-        self._embedding_lock = threading.Lock()  # one embedding forward pass at a time
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -136,7 +140,7 @@ class OpenAIServer:
 
     async def completions(self, request: Request) -> JSONResponse | EventStream:
         body = await self._read(request)
-        prompts = self._token_ids(body.get("prompt"), "prompt")
+        prompts = await self.inputs.token_ids(body.get("prompt"), "prompt")
         logprobs = protocol.integer(body, "logprobs", None, 0, MAX_TOP_LOGPROBS)
         params = self._params(body, protocol.integer(body, "max_tokens", 16, 1), logprobs)
         stream, include_usage = self._stream_flags(body)
@@ -145,7 +149,7 @@ class OpenAIServer:
         if stream:
             offsets = [0] * generation.num_choices  # where each choice's next token starts in its text
             chunk = functools.partial(self._completion_chunk, logprobs=logprobs, offsets=offsets)
-            return EventStream(self._events(generation, meta, chunk, include_usage), generation)
+            return EventStream(events(generation, meta, chunk, include_usage), generation)
         choices = await self._gather(request, generation, logprobs)
         return JSONResponse(
             meta
@@ -179,7 +183,7 @@ class OpenAIServer:
 
     async def chat_completions(self, request: Request) -> JSONResponse | EventStream:
         body = await self._read(request)
-        prompt = self._chat_prompt(protocol.messages(body))
+        prompt = await self.inputs.chat_prompt(protocol.messages(body))
         logprobs = None
         if protocol.boolean(body, "logprobs"):
             logprobs = protocol.integer(body, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
@@ -199,7 +203,7 @@ class OpenAIServer:
                 {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
                 for i in range(generation.num_choices)
             ]
-            return EventStream(self._events(generation, meta, chunk, include_usage, opening), generation)
+            return EventStream(events(generation, meta, chunk, include_usage, opening), generation)
         choices = await self._gather(request, generation, logprobs)
         return JSONResponse(
             self._meta("chatcmpl", "chat.completion")
@@ -228,16 +232,6 @@ class OpenAIServer:
             "finish_reason": delta.finish_reason,
         }
 
-    def _chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
-        """Messages -> prompt token ids, through the model's chat template."""
-        if self.tokenizer is None or self.tokenizer.chat_template is None:
-            raise RequestError(f"the model {self.model_name!r} has no chat template; use /v1/completions")
-        try:
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        except InvalidInputError as error:
-            raise RequestError(str(error), param="messages") from None
-        return self.tokenizer.encode(text, add_special_tokens=False)
-
     # --- embeddings -----------------------------------------------------------------------------------
 
     async def embeddings(self, request: Request) -> JSONResponse:
@@ -245,7 +239,7 @@ class OpenAIServer:
         body = await self._read(request)
         if self.model is None:
             raise RequestError(f"the model {self.model_name!r} does not serve embeddings", param="model")
-        inputs = self._token_ids(body.get("input"), "input")
+        inputs = await self.inputs.token_ids(body.get("input"), "input")
         context_length = self.engine.info.context_length
         for ids in inputs:
             try:
@@ -264,26 +258,18 @@ class OpenAIServer:
         hidden_size = self.model.config.hidden_size
         if protocol.integer(body, "dimensions", hidden_size, 1) != hidden_size:
             raise RequestError(f"this model's embeddings have {hidden_size} dimensions", param="dimensions")
-        vectors = await anyio.to_thread.run_sync(self._embed, inputs)
-        data = [{"object": "embedding", "index": i, "embedding": _encode(v, encoding)} for i, v in enumerate(vectors)]
+        vectors = await unless_disconnected(request, self.embedder.embed(inputs))  # cancelled if the client goes
+        data = [{"object": "embedding", "index": i, "embedding": encode(v, encoding)} for i, v in enumerate(vectors)]
         tokens = sum(len(ids) for ids in inputs)
         usage = {"prompt_tokens": tokens, "total_tokens": tokens}
         return JSONResponse({"object": "list", "data": data, "model": self.model_name, "usage": usage})
 
-    def _embed(self, inputs: list[list[int]]) -> list[np.ndarray]:
-        """Each input through the model on a cache of its own -> [D] float32 of unit length."""
-        vectors = []
-        with self._embedding_lock:
-            for ids in inputs:
-                pooled = pooled_hidden_states(self.model, ids)  # [D]
-                vectors.append((pooled / max(np.linalg.norm(pooled), 1e-12)).astype(np.float32))
-        return vectors
-
     # --- shared ----------------------------------------------------------------------------------------
 
     async def _read(self, request: Request) -> dict[str, Any]:
-        """The body as a JSON object, naming this server's model, with no field the server cannot honour."""
-        body = protocol.parse_body(await request.body())
+        """The body (within the size and time limits) as a JSON object, naming this server's model, with no field
+        the server cannot honour; parsed on a worker thread."""
+        body = await self.inputs.body(request)
         self._check_model(protocol.string(body, "model"))
         protocol.check_supported(body)
         return body
@@ -314,21 +300,6 @@ class OpenAIServer:
             raise RequestError("stream_options must be an object", param="stream_options")
         return protocol.boolean(body, "stream"), protocol.boolean(options, "include_usage")
 
-    def _token_ids(self, value: Any, param: str) -> list[list[int]]:
-        """A prompt or input given as text(s) or as token ids -> a token-id list per prompt."""
-        ids = protocol.token_id_lists(value)
-        if ids is not None:
-            return ids
-        texts = protocol.texts(value)
-        if texts is None:
-            raise RequestError(
-                f"{param} must be a string, a list of strings, a list of token ids, or a list of such lists",
-                param=param,
-            )
-        if self.tokenizer is None:
-            raise RequestError(f"the model {self.model_name!r} has no tokenizer; give token ids", param=param)
-        return [self.tokenizer.encode(text) for text in texts]
-
     def _token_logprob(self, delta: CompletionDelta, logprobs: int | None) -> TokenLogprob | None:
         """The delta's token, its logprob and its top alternatives, as text; None unless logprobs were asked for."""
         if logprobs is None or delta.token_id is None:
@@ -357,70 +328,28 @@ class OpenAIServer:
             generation.cancel_soon()
         return choices
 
-    async def _events(
-        self,
-        generation: Generation,
-        meta: dict[str, Any],
-        chunk: Chunk,
-        include_usage: bool,
-        opening: Sequence[dict[str, Any]] = (),
-    ) -> AsyncIterator[str]:
-        """A stream's events: the opening chunk, a chunk per delta worth sending, the usage if asked, [DONE].
-
-        Once the response has started, an engine failure can only end it with an error event.
-        """
-        if opening:
-            yield protocol.sse(meta | {"choices": list(opening)})
-        try:
-            async for i, delta in generation.deltas():
-                choice = chunk(i, delta)
-                if choice:
-                    yield protocol.sse(meta | {"choices": [choice]})
-        except EngineFailure as error:
-            yield protocol.sse(RequestError(str(error), status=500, type="server_error").body())
-            return
-        if include_usage:
-            yield protocol.sse(meta | {"choices": [], "usage": generation.usage()})
-        yield protocol.sse("[DONE]")
-
-
-def _encode(vector: np.ndarray, encoding: str) -> list[float] | str:
-    """An embedding as JSON numbers, or as base64 of its little-endian float32 bytes."""
-    if encoding == "base64":
-        return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
-    return vector.tolist()
-
 
 # --- the app -------------------------------------------------------------------------------------------
 
 
-async def _request_error(request: Request, error: RequestError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status)
-
-
-async def _http_error(request: Request, error: HTTPException) -> JSONResponse:
-    """Starlette's own refusals (no such route, wrong method) in OpenAI's error shape."""
-    return await _request_error(request, RequestError(error.detail, status=error.status_code))
-
-
-async def _client_gone(request: Request, error: ClientDisconnect) -> JSONResponse:
-    """The client left (before its body arrived, or before its answer was ready): nobody is there to read this."""
-    return JSONResponse({}, status_code=499)
-
-
-async def _server_error(request: Request, error: Exception) -> JSONResponse:
-    """A fault of the server itself: 500 in OpenAI's shape (and the server logs the traceback)."""
-    return await _request_error(request, RequestError(f"internal error: {error}", status=500, type="server_error"))
-
-
 def create_app(
-    engine_or_model: Engine | LlamaFamilyModel, *, model_name: str | None = None, max_batch_size: int | None = None
+    engine_or_model: Engine | LlamaFamilyModel,
+    *,
+    model_name: str | None = None,
+    max_batch_size: int | None = None,
+    limits: ServerLimits | None = None,
+    api_key: str | None = None,
+    allowed_hosts: Sequence[str] | None = LOOPBACK_HOSTS,
+    cors_origins: Sequence[str] = (),
 ) -> Starlette:
     """An OpenAI-compatible app over an Engine, or over a model (the app then builds and owns its Engine).
 
     ``model_name`` is the id clients ask for (default: the executor's model name, the
     architecture); ``max_batch_size`` caps the sequences decoded together (over a model
-    only). The engine steps on its background thread while the app runs.
+    only). The engine steps on its background thread while the app runs. ``limits``
+    bound what one request may ask (``ServerLimits()`` by default); ``api_key``,
+    ``allowed_hosts`` (None: any) and ``cors_origins`` say who may ask
+    (``refllm/server/guard.py``).
     """
     if isinstance(engine_or_model, Engine):
         if max_batch_size is not None:
@@ -429,7 +358,8 @@ def create_app(
     else:
         executor = LLMExecutor(LLM(engine_or_model))
         engine, owns_engine = Engine(executor, engine_or_model.tokenizer, max_batch_size=max_batch_size), True
-    server = OpenAIServer(engine, model_name or engine.info.name, owns_engine=owns_engine)
+    limits = limits or ServerLimits()
+    server = OpenAIServer(engine, model_name or engine.info.name, owns_engine=owns_engine, limits=limits)
     routes = [
         Route("/health", server.health, methods=["GET"]),
         Route("/v1/models", server.list_models, methods=["GET"]),
@@ -440,9 +370,14 @@ def create_app(
         Route("/v1/embeddings", server.embeddings, methods=["POST"]),
     ]
     handlers = {
-        RequestError: _request_error,
-        HTTPException: _http_error,
-        ClientDisconnect: _client_gone,
-        Exception: _server_error,
+        RequestError: errors.request_error,
+        HTTPException: errors.http_error,
+        ClientDisconnect: errors.client_gone,
+        Exception: errors.server_error,
     }
-    return Starlette(routes=routes, exception_handlers=handlers, lifespan=server.lifespan)
+    guard = Middleware(AccessGuard, api_key=api_key, allowed_hosts=allowed_hosts, cors_origins=cors_origins)
+    cors = [Middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
+                       allow_headers=["Authorization", "Content-Type"])] if cors_origins else []  # fmt: skip
+    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=server.lifespan, middleware=[*cors, guard])
+    app.state.limits = limits  # the connection limits are the server's: serve() and BackgroundServer read them here
+    return app

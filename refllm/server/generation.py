@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator, Awaitable
-from typing import TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import StreamingResponse
@@ -23,9 +23,11 @@ from starlette.types import Receive, Scope, Send
 from refllm.errors import CacheCapacityError, ContextLengthError, InvalidInputError
 from refllm.runtime.engine import CompletionDelta, Engine, EngineClosedError, RequestHandle
 from refllm.runtime.sampling import SamplingParams
+from refllm.server import protocol
 from refllm.server.protocol import RequestError
 
 T = TypeVar("T")
+Chunk = Callable[[int, CompletionDelta], "dict[str, Any] | None"]  # (choice, delta) -> a stream chunk's choice
 _Item = tuple[int, "CompletionDelta | Exception | None"]  # (prompt index, a delta, the error that ended it, or the end)
 
 
@@ -109,6 +111,32 @@ def refusal(error: Exception, param: str) -> RequestError:
     if isinstance(error, CacheCapacityError):  # the prompt, max_tokens and n together outgrow the KV arena
         return RequestError(str(error), param="max_tokens", code="context_length_exceeded")
     return RequestError(str(error), param=param)
+
+
+async def events(
+    generation: Generation,
+    meta: dict[str, Any],
+    chunk: Chunk,
+    include_usage: bool,
+    opening: Sequence[dict[str, Any]] = (),
+) -> AsyncIterator[str]:
+    """A stream's events: the opening chunk, a chunk per delta worth sending, the usage if asked, [DONE].
+
+    Once the response has started, an engine failure can only end it with an error event.
+    """
+    if opening:
+        yield protocol.sse(meta | {"choices": list(opening)})
+    try:
+        async for i, delta in generation.deltas():
+            choice = chunk(i, delta)
+            if choice:
+                yield protocol.sse(meta | {"choices": [choice]})
+    except EngineFailure as error:
+        yield protocol.sse(RequestError(str(error), status=500, type="server_error").body())
+        return
+    if include_usage:
+        yield protocol.sse(meta | {"choices": [], "usage": generation.usage()})
+    yield protocol.sse("[DONE]")
 
 
 class EventStream(StreamingResponse):

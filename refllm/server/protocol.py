@@ -58,9 +58,34 @@ def parse_body(raw: bytes) -> dict[str, Any]:
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise RequestError(f"the request body is not valid JSON: {error}", code="invalid_json") from None
+    except RecursionError:
+        raise RequestError("the request body nests its JSON too deep", code="invalid_json") from None
     if not isinstance(body, dict):
         raise RequestError(f"the request body must be a JSON object, not {type(body).__name__}")
+    if b"\\ud" in raw.lower():  # JSON may escape a lone surrogate, which is no character: refused by its field
+        surrogate = _lone_surrogate(body)
+        if surrogate is not None:
+            raise RequestError("a string holds a lone UTF-16 surrogate, which is no character", param=surrogate)
     return body
+
+
+def _lone_surrogate(body: dict[str, Any]) -> str | None:
+    """The field (``messages[0].content``, say) of the first string holding a lone surrogate, or None."""
+    pending: list[tuple[str, Any]] = [("", body)]
+    while pending:  # a loop, not recursion: the body may nest as deep as the JSON parser allows
+        path, value = pending.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return path or None
+        elif isinstance(value, dict):
+            pending += [(f"{path}.{key}" if path else key, item) for key, item in value.items()]
+            if any(isinstance(key, str) and not key.isascii() for key in value):
+                pending += [(path, key) for key in value]
+        elif isinstance(value, list):
+            pending += [(f"{path}[{i}]", item) for i, item in enumerate(value)]
+    return None
 
 
 def number(

@@ -1,26 +1,19 @@
-"""Running the app: ``serve`` (blocking, as ``refllm serve`` does), ``BackgroundServer`` (a thread), the CLI."""
+"""Running the app: ``serve`` (blocking, as ``refllm serve`` does) and ``BackgroundServer`` (a thread)."""
 
 from __future__ import annotations
 
-import argparse
-import socket
-import sys
 import threading
 import time
-from pathlib import Path
+from collections.abc import Sequence
 
-import uvicorn
 from starlette.applications import Starlette
 
-from refllm import catalog
-from refllm.commands import common
-from refllm.commands.flags import add_precision_flags, port_number, positive_int, precision
-from refllm.errors import InvalidInputError
 from refllm.models.llama import LlamaFamilyModel
 from refllm.runtime.engine import Engine
-from refllm.runtime.executor import LLMExecutor
 from refllm.server.app import create_app
-
+from refllm.server.connections import GuardedServer, server_config
+from refllm.server.guard import hosts_for
+from refllm.server.limits import ServerLimits
 
 def serve(
     engine_or_model: Engine | LlamaFamilyModel,
@@ -29,10 +22,22 @@ def serve(
     port: int = 8000,
     model_name: str | None = None,
     max_batch_size: int | None = None,
+    limits: ServerLimits | None = None,
+    api_key: str | None = None,
+    allowed_hosts: Sequence[str] | None = None,
+    cors_origins: Sequence[str] = (),
 ) -> None:
-    """Serve until interrupted (Ctrl-C)."""
-    app = create_app(engine_or_model, model_name=model_name, max_batch_size=max_batch_size)
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    """Serve until interrupted (Ctrl-C). ``allowed_hosts`` defaults to the names of ``host`` (any, for 0.0.0.0)."""
+    app = create_app(
+        engine_or_model,
+        model_name=model_name,
+        max_batch_size=max_batch_size,
+        limits=limits,
+        api_key=api_key,
+        allowed_hosts=hosts_for(host) if allowed_hosts is None else allowed_hosts,
+        cors_origins=cors_origins,
+    )
+    GuardedServer(server_config(app, host, port, log_level="info")).run()
 
 
 class BackgroundServer:
@@ -43,8 +48,8 @@ class BackgroundServer:
     """
 
     def __init__(self, app: Starlette, host: str = "127.0.0.1", port: int = 0, startup_timeout: float = 30.0):
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
-        self._server = uvicorn.Server(config)
+        config = server_config(app, host, port, log_level="warning", timeout_graceful_shutdown=5)
+        self._server = GuardedServer(config)
         self._thread = threading.Thread(target=self._server.run, name="refllm-server", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + startup_timeout
@@ -66,63 +71,3 @@ class BackgroundServer:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
-
-
-def add_cli(subparsers: argparse._SubParsersAction) -> None:
-    """Register ``serve`` on a ``refllm``-style subparsers object."""
-    parser = subparsers.add_parser(
-        "serve",
-        help="serve a model over an OpenAI-compatible HTTP API",
-        description="Serve the model at http://HOST:PORT/v1: /models, /completions, /chat/completions (with\n"
-        "streaming), /embeddings and /model/info; /health answers when it is up. Concurrent requests\n"
-        "share one continuous-batching engine. Each request is logged in one line.",
-        epilog="examples:\n  refllm serve\n  refllm serve --model gemma3-270m --port 8080 --max-batch 8",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument(
-        "--model",
-        default=catalog.DEFAULT_MODEL,
-        help=f"catalog name, .gguf file or Hugging Face directory (default {catalog.DEFAULT_MODEL})",
-    )
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=port_number, default=8000, help="port to listen on (default 8000)")
-    parser.add_argument(
-        "--max-batch", type=positive_int, default=16, help="most sequences decoded together (default 16)"
-    )
-    parser.add_argument(
-        "--context",
-        type=positive_int,
-        metavar="N",
-        help="most tokens of a request, prompt and answer (default: the model's)",
-    )
-    add_precision_flags(parser, float32=False)
-    parser.set_defaults(handler=cmd_serve)
-
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    _check_can_listen(args.host, args.port)  # before the slow part
-    model = common.load(args.model, context=args.context, **precision(args))
-    llm = common.warm_llm(model, args.context)
-    engine = Engine(LLMExecutor(llm), model.tokenizer, max_batch_size=args.max_batch)
-    name = model_id(args.model)
-    where = f"http://{args.host}:{args.port}/v1"
-    print(f"serving {name} ({model.config.model_type}, {args.model}) at {where}", file=sys.stderr)
-    serve(engine, host=args.host, port=args.port, model_name=name)
-    return 0
-
-
-def _check_can_listen(host: str, port: int) -> None:
-    """Refuse, in one line, an address the server could not listen on (taken, not this machine's, not an address)."""
-    try:
-        with socket.create_server((host, port)):
-            pass
-    except OSError as error:
-        reason = (error.strerror or str(error)).split(" (while attempting")[0]
-        raise InvalidInputError(f"cannot listen on {host}:{port}: {reason}") from None
-
-
-def model_id(name_or_path: str) -> str:
-    """The id clients ask for: the catalog name, or the file or directory name without ``.gguf``."""
-    if name_or_path in catalog.CATALOG:
-        return name_or_path
-    return Path(name_or_path).name.removesuffix(".gguf")
