@@ -144,20 +144,6 @@ def pulled() -> list[str]:
     return [name for name in CATALOG if model_path(name).exists()]
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def verify(name: str) -> bool:
-    """Whether the pulled file of ``name`` still has the catalog's SHA-256 (reads the whole file)."""
-    path = model_path(name)
-    return path.exists() and file_sha256(path) == entry(name).sha256
-
-
 def remove(name: str) -> Path:
     """Delete the pulled model ``name`` (its file and its folder); return the folder. Refuses one not pulled."""
     path = model_path(name)

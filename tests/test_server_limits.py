@@ -301,7 +301,7 @@ def _listening(port: int) -> bool:
 def test_an_api_key_is_needed_on_every_endpoint_but_health(engine):
     app = create_app(engine, model_name=MODEL, api_key="sesame")
     with BackgroundServer(app) as server:
-        assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+        assert httpx.get(server.url + "/health").json() == {"status": "ok", "model": MODEL}
         for method, path in [("GET", "/v1/models"), ("GET", "/v1/model/info"), ("POST", "/v1/completions")]:
             response = httpx.request(method, server.url + path, json=SMALL)
             assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key"

@@ -23,7 +23,10 @@ def cmd_list(args: argparse.Namespace) -> int:
     rows = [("model", "size", "checksum", "chat", "path")]
     for name in names:
         path = catalog.model_path(name)
-        state = "not checked" if args.fast else ("ok" if catalog.verify(name) else "MISMATCH: pull it again")
+        if args.fast:
+            state = "not checked"
+        else:
+            state = "ok" if catalog.verify(name) == catalog.VERIFIED else "MISMATCH: pull it again"
         chat = "yes" if catalog.CATALOG[name].chat else "no"
         rows.append((name, common.size(path.stat().st_size), state, chat, str(path)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
