@@ -74,10 +74,10 @@ class InterleavedRope(LlamaFamilyModel):
 class ChunkPositionOffByOne(LlamaFamilyModel):
     """A prompt chunk after the first is rotated one position too far."""
 
-    def decoder_layer(self, layer, w, x, positions, cache, seq_ids):
+    def decoder_layer(self, layer_index, w, x, positions, cache, seq_ids):
         if x.shape[1] > 1 and positions[0, 0] > 0:
             positions = positions + 1
-        return super().decoder_layer(layer, w, x, positions, cache, seq_ids)
+        return super().decoder_layer(layer_index, w, x, positions, cache, seq_ids)
 
 
 # --- attention ----------------------------------------------------------------------------

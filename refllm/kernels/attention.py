@@ -1,9 +1,9 @@
 """Numba attention over a paged KV arena, and the K/V write into it.
 
 The arena keeps one layer's keys and values as ``key_cache``/``value_cache``:
-[N, S, K, E] float32 (N blocks of S token slots). A sequence's token at
-position p sits in block ``block_table[p // S]`` at offset ``p % S``; its slot
-number is ``block_table[p // S] * S + p % S``. Block tables arrive padded to
+[N, Z, K, E] float32 (N blocks of Z token slots: Z is the block size). A sequence's token at
+position p sits in block ``block_table[p // Z]`` at offset ``p % Z``; its slot
+number is ``block_table[p // Z] * Z + p % Z``. Block tables arrive padded to
 one int32 array [B, max blocks]; entries past a sequence's last block are
 never read.
 
@@ -47,7 +47,7 @@ CHUNK_KEYS = 64
 
 @njit(cache=True, inline="always")
 def _slot(block_table: np.ndarray, position: int, block_size: int) -> int:
-    """The arena slot of a sequence's token at ``position``: its block's number * S + offset."""
+    """The arena slot of a sequence's token at ``position``: its block's number * Z + offset."""
     return block_table[position // block_size] * block_size + position % block_size
 
 
@@ -85,7 +85,7 @@ def _attend_keys(
 ) -> None:
     """Streaming softmax of every query head at one position over the keys key_start .. key_end - 1.
 
-    queries: [H, E] float32, key_cache/value_cache: [N, S, K, E], block_table:
+    queries: [H, E] float32, key_cache/value_cache: [N, Z, K, E], block_table:
     [blocks] int32. Writes maxes: [H], denominators: [H], acc: [H, E] (float64):
     acc[h] = sum_j exp(score[h, j] - maxes[h]) * value[j], denominators[h] the
     same sum without the values.
@@ -100,7 +100,7 @@ def _attend_keys(
     block_size, num_kv_heads, head_dim = key_cache.shape[1:]
     num_heads = queries.shape[0]
     group = num_heads // num_kv_heads  # GQA: query heads g * group .. (g + 1) * group - 1 read KV head g
-    keys = key_cache.reshape(-1, num_kv_heads, head_dim)  # [N * S, K, E]: a slot number indexes a key
+    keys = key_cache.reshape(-1, num_kv_heads, head_dim)  # [N * Z, K, E]: a slot number indexes a key
     values = value_cache.reshape(-1, num_kv_heads, head_dim)
     queries64 = np.empty((num_heads, head_dim), np.float64)  # converted once, to score in float64
     for h in range(num_heads):
@@ -203,7 +203,7 @@ def paged_decode_attention(
 ) -> np.ndarray:
     """Decode: one new query per sequence, sequences of different lengths.
 
-    q: [B, H, E] float32, key_cache/value_cache: [N, S, K, E] float32,
+    q: [B, H, E] float32, key_cache/value_cache: [N, Z, K, E] float32,
     block_tables: [B, max blocks] int32, context_lens: [B] int64 (keys of each
     sequence, the new token's included; its query sits at context_lens - 1)
     -> [B, H, E] float32.
@@ -285,7 +285,7 @@ def paged_prefill_attention(
 ) -> np.ndarray:
     """Prefill chunk: T new queries per sequence over the cached prefix and, causally, the chunk.
 
-    q: [B, T, H, E] float32, key_cache/value_cache: [N, S, K, E] float32 (the
+    q: [B, T, H, E] float32, key_cache/value_cache: [N, Z, K, E] float32 (the
     chunk's keys already written), block_tables: [B, max blocks] int32,
     prefix_lens: [B] int64 (keys before the chunk; query t sits at
     prefix_lens + t) -> [B, T, H, E] float32.
@@ -322,10 +322,10 @@ def write_kv(
 ) -> None:
     """Store new keys and values at their slots.
 
-    key_cache/value_cache: [N, S, K, E] float32 (written), slots: [B, T] int64
-    (slot = block * S + offset), k/v: [B, T, K, E] float32.
+    key_cache/value_cache: [N, Z, K, E] float32 (written), slots: [B, T] int64
+    (slot = block * Z + offset), k/v: [B, T, K, E] float32.
 
-    NumPy twin: ``key_cache.reshape(N * S, K, E)[slots] = k`` (and the same for v).
+    NumPy twin: ``key_cache.reshape(N * Z, K, E)[slots] = k`` (and the same for v).
     """
     block_size = key_cache.shape[1]
     batch, num_tokens = slots.shape

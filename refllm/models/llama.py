@@ -144,7 +144,8 @@ class LlamaFamilyModel:
             end = (cache.length(seq_id) if seq_id in cache else 0) + x.shape[1]
             if end > self.config.context_length:
                 raise ContextLengthError(
-                    f"sequence {seq_id} would reach {end} positions, past the context length {self.config.context_length}"
+                    f"sequence {seq_id} would reach {end} positions,"
+                    f" past the context length {self.config.context_length}"
                 )
         return self._forward(x, cache, seq_ids)
 
@@ -166,18 +167,24 @@ class LlamaFamilyModel:
         positions = starts[:, None] + np.arange(num_new)  # [B, T]
         cache.reserve(seq_ids, num_new)
         with self.ops.running():
-            for layer, weights in enumerate(self.weights.layers):
-                x = self.decoder_layer(layer, weights, x, positions, cache, seq_ids)
+            for layer_index, layer_weights in enumerate(self.weights.layers):
+                x = self.decoder_layer(layer_index, layer_weights, x, positions, cache, seq_ids)
             cache.commit(seq_ids, num_new)
             return self._norm(x, self.weights.norm)
 
     def decoder_layer(
-        self, layer: int, w: LayerWeights, x: np.ndarray, positions: np.ndarray, cache: KVCache, seq_ids: list[int]
+        self,
+        layer_index: int,
+        w: LayerWeights,
+        x: np.ndarray,
+        positions: np.ndarray,
+        cache: KVCache,
+        seq_ids: list[int],
     ) -> np.ndarray:
         """x: [B, T, D] -> [B, T, D]."""
         ops = self.ops
         sandwich = self.config.sandwich_norms
-        h = self.self_attention(layer, w, self._norm(x, w.input_layernorm), positions, cache, seq_ids)
+        h = self.self_attention(layer_index, w, self._norm(x, w.input_layernorm), positions, cache, seq_ids)
         if sandwich:  # Gemma normalises the attention output before the residual add
             h = self._norm(h, w.post_attention_layernorm)
         x = x + h
@@ -191,7 +198,13 @@ class LlamaFamilyModel:
         return x + h
 
     def self_attention(
-        self, layer: int, w: LayerWeights, x: np.ndarray, positions: np.ndarray, cache: KVCache, seq_ids: list[int]
+        self,
+        layer_index: int,
+        w: LayerWeights,
+        x: np.ndarray,
+        positions: np.ndarray,
+        cache: KVCache,
+        seq_ids: list[int],
     ) -> np.ndarray:
         """x: [B, T, D] (normed) -> attention output projected back to [B, T, D]."""
         c, ops = self.config, self.ops
@@ -201,11 +214,12 @@ class LlamaFamilyModel:
         v = ops.linear(x, w.v_proj, w.v_proj_bias).reshape(B, T, c.num_key_value_heads, c.head_dim)
         if c.qk_norm:
             q, k = self._norm(q, w.q_norm), self._norm(k, w.k_norm)
-        cos, sin = self.rope_tables[c.layer_types[layer]].lookup(positions)
+        cos, sin = self.rope_tables[c.layer_types[layer_index]].lookup(positions)
         q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
-        cache.write(layer, seq_ids, k, v)
+        cache.write(layer_index, seq_ids, k, v)
+        window = c.window_for_layer(layer_index)
         out = cache.attention(
-            layer, seq_ids, q, c.attention_scale, c.window_for_layer(layer), c.attn_logit_softcapping, ops.attention
+            layer_index, seq_ids, q, c.attention_scale, window, c.attn_logit_softcapping, ops.attention
         )  # [B, T, H, E]
         return ops.linear(out.reshape(B, T, -1), w.o_proj, w.o_proj_bias)
 
@@ -289,7 +303,9 @@ def _check_dtype(dtype: Any, weights: ModelWeights) -> np.dtype:
     for name in ("embed_tokens", "norm"):
         array = getattr(weights, name)
         if isinstance(array, np.ndarray) and array.dtype != model_dtype:
-            raise ModelDtypeError(f"a {model_dtype.name} model needs {model_dtype.name} weights; {name} is {array.dtype}")
+            raise ModelDtypeError(
+                f"a {model_dtype.name} model needs {model_dtype.name} weights; {name} is {array.dtype}"
+            )
     return model_dtype
 
 
@@ -302,5 +318,7 @@ def _spec_ops_for(weights: ModelWeights) -> OpSet:
 
 def _fast_ops_for(dtype: np.dtype) -> OpSet:
     if dtype != np.float32:
-        raise ModelDtypeError(f"the fast kernels compute in float32; a {dtype.name} model runs the spec ops (reference=True)")
+        raise ModelDtypeError(
+            f"the fast kernels compute in float32; a {dtype.name} model runs the spec ops (reference=True)"
+        )
     return fast_ops()

@@ -27,7 +27,7 @@ from refllm.runtime.llm import (
     check_decode_items,
     check_position,
     check_prompt,
-    check_room,
+    check_fits_context,
     check_truncate,
 )
 
@@ -92,7 +92,7 @@ class ScriptedLM:
         tokens = check_prompt(tokens, self.config.vocab_size).tolist()
         cache = self._caches.get(check_cache_id(cache_id))
         held = cache.tokens if cache else []
-        check_room(cache_id, len(held), len(tokens), self.config.context_length)
+        check_fits_context(cache_id, len(held), len(tokens), self.config.context_length)
         self._reserve({cache_id: len(held) + len(tokens)})
         updated = _ScriptedCache(held + tokens, cache.prompt_length if cache else len(tokens))
         logits = self._logits(updated)
@@ -117,7 +117,7 @@ class ScriptedLM:
     def decode_all_logits(self, cache_id: Hashable, tokens: Sequence[int], pos: int) -> np.ndarray:
         tokens = check_prompt(tokens, self.config.vocab_size).tolist()
         check_position(cache_id, pos, self.length(cache_id))
-        check_room(cache_id, pos, len(tokens), self.config.context_length)
+        check_fits_context(cache_id, pos, len(tokens), self.config.context_length)
         self._reserve({cache_id: pos + len(tokens)})
         cache = self._caches[cache_id]
         rows = np.stack(
@@ -133,7 +133,7 @@ class ScriptedLM:
 
     def score(self, tokens: Sequence[int]) -> np.ndarray:
         tokens = check_prompt(tokens, self.config.vocab_size).tolist()
-        check_room("score", 0, len(tokens), self.config.context_length)
+        check_fits_context("score", 0, len(tokens), self.config.context_length)
         return np.stack([self._logits(_ScriptedCache(tokens[: t + 1], t + 1)) for t in range(len(tokens))])
 
     def fork(self, source_id: Hashable, new_id: Hashable) -> None:

@@ -134,9 +134,9 @@ class LLM:
         cache_id = check_cache_id(cache_id)
         if cache_id in self._seq_ids:
             start = self.length(cache_id)
-            check_room(cache_id, start, len(tokens), self.config.context_length)
+            check_fits_context(cache_id, start, len(tokens), self.config.context_length)
             return self.model.logits(self._extend([self._seq_ids[cache_id]], tokens[None])[0, -1])
-        check_room(cache_id, 0, len(tokens), self.config.context_length)
+        check_fits_context(cache_id, 0, len(tokens), self.config.context_length)
         return self.model.logits(self._start(cache_id, tokens)[-1])
 
     def decode(self, cache_id: Hashable, token: int, pos: int) -> np.ndarray:
@@ -157,7 +157,7 @@ class LLM:
         """
         tokens = check_prompt(tokens, self.config.vocab_size)
         check_position(check_cache_id(cache_id), pos, self.length(cache_id))
-        check_room(cache_id, pos, len(tokens), self.config.context_length)
+        check_fits_context(cache_id, pos, len(tokens), self.config.context_length)
         return self.model.logits(self._extend([self._seq_ids[cache_id]], tokens[None])[0])
 
     def score(self, tokens: Sequence[int]) -> np.ndarray:
@@ -166,7 +166,7 @@ class LLM:
         For non-autoregressive use (perplexity, classification), where nothing is generated afterwards.
         """
         tokens = check_prompt(tokens, self.config.vocab_size)
-        check_room("score", 0, len(tokens), self.config.context_length)
+        check_fits_context("score", 0, len(tokens), self.config.context_length)
         cache = self.model.create_kv_cache(CacheConfig(kind="contiguous"))
         return self.model.prefill_all_logits(tokens[None], cache, range(len(tokens)))[0]
 
@@ -282,7 +282,7 @@ def check_truncate(cache_id: Hashable, length: Any, current: int) -> int:
     return int(length)
 
 
-def check_room(cache_id: Hashable, start: int, num_new: int, context_length: int) -> None:
+def check_fits_context(cache_id: Hashable, start: int, num_new: int, context_length: int) -> None:
     if start + num_new > context_length:
         raise ContextLengthError(
             f"cache id {cache_id!r} would hold {start + num_new} tokens, past the context length {context_length}"
@@ -303,7 +303,7 @@ def check_decode_items(
         if cache_id in cache_ids:
             raise InvalidInputError(f"cache id {cache_id!r} appears twice in one decode batch")
         check_position(cache_id, pos, length_of(cache_id))
-        check_room(cache_id, pos, 1, config.context_length)
+        check_fits_context(cache_id, pos, 1, config.context_length)
         cache_ids.append(cache_id)
         tokens.append(check_token(token, config.vocab_size))
     return cache_ids, np.array(tokens, np.int64)
