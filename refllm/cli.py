@@ -21,13 +21,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import math
 import os
 import sys
 import time
 from pathlib import Path
-
-import numpy as np
 
 import refllm
 from refllm import catalog, progress
@@ -49,10 +46,8 @@ from refllm.commands.flags import (
 )
 from refllm.commands.measure import cmd_bench, cmd_info
 from refllm.errors import InvalidInputError
-from refllm.kv import CacheConfig
-from refllm.models.llama import LlamaFamilyModel
 from refllm.runtime.embedding import POOLINGS, pooled_hidden_states
-from refllm.runtime.llm import blocks_for
+from refllm.runtime.perplexity import perplexity, sliding_windows
 
 EXIT_USER_ERROR = 1
 EXIT_USAGE = 2
@@ -125,47 +120,6 @@ def _read_text(path: Path) -> str:
         raise InvalidInputError(
             f"{path} is not UTF-8 text: byte 0x{data[error.start]:02x} at offset {error.start} (line {line})"
         ) from None
-
-
-def sliding_windows(num_tokens: int, window: int, stride: int) -> list[tuple[int, int]]:
-    """[begin, end) of each window: starts ``stride`` apart, until one reaches the last token."""
-    spans = []
-    for begin in range(0, num_tokens, stride):
-        spans.append((begin, min(begin + window, num_tokens)))
-        if spans[-1][1] == num_tokens:
-            break
-    return spans
-
-
-def perplexity(
-    model: LlamaFamilyModel, ids: list[int], window: int, stride: int, cache_kind: str = "paged", advance=None
-) -> tuple[float, int]:
-    """Sliding-window perplexity of ``ids`` [T] -> (perplexity, tokens scored).
-
-    transformers' recipe: each window scores only the tokens no earlier window
-    scored (after the first, at most its last ``stride``), each from the logits
-    of the position before it, so a token is scored once, with up to
-    ``window - 1`` tokens of context; a window's first token is never scored.
-    ``advance`` is called once per window (a progress bar's ``update``).
-    """
-    block_size = CacheConfig().block_size
-    cache = model.create_kv_cache(
-        CacheConfig(kind=cache_kind, num_blocks=blocks_for(window, block_size), prefix_caching=False)
-    )
-    ids = np.asarray(ids)
-    nll, scored, scored_end = 0.0, 0, 0  # tokens before scored_end have been scored (or cannot be)
-    for begin, end in sliding_windows(len(ids), window, stride):
-        logits = model.prefill_all_logits(ids[None, begin:end], cache, range(end - begin))[0]  # [T, V]
-        cache.free(0)
-        targets = np.arange(max(scored_end, begin + 1), end)  # absolute positions scored in this window
-        rows = logits[targets - 1 - begin]  # [n, V]: position t - 1 predicts token t
-        top = rows.max(axis=1)
-        log_z = top + np.log(np.exp(rows - top[:, None]).sum(axis=1))
-        nll += float(np.sum(log_z - rows[np.arange(len(targets)), ids[targets]], dtype=np.float64))
-        scored, scored_end = scored + len(targets), end
-        if advance is not None:
-            advance()
-    return math.exp(nll / scored), scored
 
 
 # ---- embed -------------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from refllm.quant.linear import QuantizedTensor
 from refllm.runtime.engine import Engine
 from refllm.runtime.executor import LLMExecutor
 from refllm.runtime.llm import LLM
+from refllm.runtime.perplexity import perplexity
 from refllm.runtime.sampling import SamplingParams
 from tests.real_models import SMOLLM2, real_model_or_skip
 
@@ -237,7 +238,7 @@ def reference_perplexity(model, ids: list[int], window: int, stride: int) -> tup
 def test_perplexity_scores_each_token_once_from_its_sliding_window(model, cache, window, stride):
     ids = model.tokenizer.encode(" ".join(CORPUS * 3))[:40]
     expected, count = reference_perplexity(model, ids, window, stride)
-    value, scored = cli.perplexity(model, ids, window, stride, cache)
+    value, scored = perplexity(model, ids, window, stride, cache)
     assert scored == count
     assert value == pytest.approx(expected, rel=1e-5)
 

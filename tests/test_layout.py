@@ -25,7 +25,7 @@ LAYERS = [
     ("refllm.kv",),
     ("refllm.models",),
     ("refllm.io",),
-    ("refllm.catalog", "refllm.loading"),
+    ("refllm.catalog", "refllm.loading", "refllm.memory"),
     ("refllm.runtime",),
     ("refllm.testing",),
     ("refllm.server",),

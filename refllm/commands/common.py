@@ -9,13 +9,13 @@ import numpy as np
 
 from refllm import catalog, progress
 from refllm.errors import InvalidInputError
-from refllm.io.gguf import GGUFSource
 from refllm.kv import CacheConfig
 from refllm.loading import open_source
+from refllm.memory import available_memory, weight_bytes
 from refllm.models.contract import ModelSource
 from refllm.models.llama import LlamaFamilyModel
 from refllm.models.weights import checkpoint_shapes
-from refllm.quant.linear import QuantizedTensor, kernel_reads
+from refllm.quant.linear import QuantizedTensor
 from refllm.runtime.engine import Engine
 from refllm.runtime.executor import LLMExecutor
 from refllm.runtime.llm import LLM, blocks_for
@@ -117,29 +117,6 @@ class _CountingSource:
 
     def where(self, name: str | None) -> str:
         return self.source.where(name)
-
-
-def weight_bytes(source: ModelSource, quantized: bool, dtype: str = "float32") -> int:
-    """Bytes of the loaded weights: 4 a parameter (8 in float64), except the matrices a quantized GGUF
-    load keeps in blocks."""
-    if not (quantized and isinstance(source, GGUFSource)):
-        return np.dtype(dtype).itemsize * source.config.num_parameters
-    total = 0
-    for tensor in source.header.tensors:
-        total += tensor.nbytes if kernel_reads(tensor.type.name, tensor.shape) else 4 * tensor.num_elements
-    return total
-
-
-def available_memory() -> int | None:
-    """Bytes of memory available to a new process (MemAvailable), or None where /proc/meminfo is missing."""
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def size(num_bytes: float) -> str:

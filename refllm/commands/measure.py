@@ -20,6 +20,7 @@ from refllm.kv import CacheConfig, CacheShape
 from refllm.models.contract import ModelSource
 from refllm.quant.linear import QuantizedTensor
 from refllm.runtime.llm import LLM, blocks_for
+from refllm.memory import available_memory, weight_bytes
 
 # ---- info --------------------------------------------------------------------------------------------
 
@@ -33,8 +34,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     kv_per_token = CacheShape(c.num_hidden_layers, c.num_key_value_heads, c.head_dim).bytes_per_token
     block_size = CacheConfig().block_size
     kv = blocks_for(context, block_size) * block_size * kv_per_token
-    weights = common.weight_bytes(source, quantized=False)
-    available = common.available_memory()
+    weights = weight_bytes(source, quantized=False)
+    available = available_memory()
     tokenizer = source.tokenizer
     file, tensor_types = _storage(source)
     rows = {
@@ -51,7 +52,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         "tokenizer": "none" if tokenizer is None else f"chat template: {'yes' if tokenizer.chat_template else 'no'}",
         "weights": f"{common.size(weights)} as float32"
         + (
-            f"; {common.size(common.weight_bytes(source, quantized=True))} quantized"
+            f"; {common.size(weight_bytes(source, quantized=True))} quantized"
             if isinstance(source, GGUFSource)
             else ""
         ),
