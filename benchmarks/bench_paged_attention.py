@@ -35,8 +35,8 @@ import numba
 import numpy as np
 
 from refllm.kernels.attention import paged_decode_attention
-from refllm.machine import cpu_name, thread_settings, vector_extensions
 from refllm.kv import CacheConfig, CacheShape, PagedKVArena
+from refllm.machine import cpu_name, thread_settings, vector_extensions
 from refllm.nn.attention import attention
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16

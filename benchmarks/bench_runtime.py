@@ -26,6 +26,7 @@ import statistics
 import time
 
 import numpy as np
+from machine import SMOLLM2_135M  # benchmarks/machine.py
 
 from refllm import CacheConfig
 from refllm.config import ModelConfig
@@ -35,7 +36,6 @@ from refllm.runtime.executor import LLMExecutor
 from refllm.runtime.llm import LLM
 from refllm.runtime.sampling import SamplingParams
 from refllm.runtime.speculative import PromptLookupDrafter, speculative_generate
-from machine import SMOLLM2_135M  # benchmarks/machine.py
 
 BATCH_SIZES = (1, 4, 8, 16)
 PROMPT_LENGTH = 32

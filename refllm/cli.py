@@ -32,11 +32,11 @@ from refllm.commands import common
 from refllm.commands.answer import stream_answer
 from refllm.commands.chat import chat_ids, cmd_chat
 from refllm.commands.flags import (
+    FLOAT32_HELP,
     MODEL_HELP,
     UsageError,
     add_command,
     add_generation_flags,
-    FLOAT32_HELP,
     add_precision_flags,
     batch_sizes,
     positive_int,

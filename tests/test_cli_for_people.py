@@ -15,12 +15,11 @@ import select
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numba
 import pytest
 
-from refllm import catalog, cli, progress
+from refllm import catalog, progress
 from tests.real_models import SMOLLM2, real_model_or_skip
 from tests.test_cli import ROOT, chat_messages, refllm_process, run, write_tiny_model
 

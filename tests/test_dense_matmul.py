@@ -23,7 +23,6 @@ from hypothesis import strategies as st
 from refllm.kernels import dense_matmul as module
 from refllm.kernels.dense_matmul import TOKEN_CHUNK, dense_matmul
 from refllm.kernels.dense_matmul import linear as linear_kernel
-from refllm.nn.linear import linear
 
 UNIT_ROUNDOFF = 2.0**-24
 SETTINGS = settings(max_examples=60, deadline=None)

@@ -11,8 +11,8 @@ import pytest
 from refllm import CacheConfig
 from refllm.errors import CacheCapacityError, ContextLengthError, InvalidInputError, TokenOutOfRangeError
 from refllm.io.tokenizer import Tokenizer
-from refllm.runtime.engine import Engine
 from refllm.runtime.configurable_executor import ConfigurableModelExecutor
+from refllm.runtime.engine import Engine
 from refllm.runtime.executor import LLMExecutor
 from refllm.runtime.llm import LLM
 from refllm.runtime.sampling import SamplingParams, SamplingParamsError

@@ -27,12 +27,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from refllm.kernels import quant_matmul
-from refllm.kernels.quant_matmul import FORMAT_CODES, KERNEL_FORMATS, dequantize_rows, quant_matmul as matmul_kernel
-from refllm.kernels.quant_matmul import quant_matvec
+from refllm.kernels.dense_matmul import linear as linear_kernel
+from refllm.kernels.quant_matmul import FORMAT_CODES, KERNEL_FORMATS, dequantize_rows, quant_matvec
+from refllm.kernels.quant_matmul import quant_matmul as matmul_kernel
+from refllm.models.weights import weight_bytes_by_format
 from refllm.nn.linear import linear
 from refllm.quant.formats import UnsupportedFormatError, block_format, dequantize
-from refllm.kernels.dense_matmul import linear as linear_kernel
-from refllm.models.weights import weight_bytes_by_format
 from refllm.quant.linear import QuantizedShapeError, QuantizedTensor
 from refllm.quant.requantize import requantize
 

@@ -29,9 +29,8 @@ import pytest
 import refllm
 from refllm import CacheConfig, LlamaFamilyModel
 from refllm.io.safetensors import HFDirectorySource
-from refllm.models.weights import LayerWeights, ModelWeights, assemble
+from refllm.models.weights import LayerWeights, ModelWeights, assemble, weight_bytes_by_format
 from refllm.quant.formats import UnsupportedFormatError
-from refllm.models.weights import weight_bytes_by_format
 from refllm.quant.linear import QuantizedTensor, RequantizedSource
 from refllm.testing.greedy import compare_greedy_outputs, top_candidates
 from tests.hf_fixtures import DATA as HF_DATA

@@ -24,17 +24,17 @@ import pytest
 
 import refllm
 from refllm import CacheConfig
+from refllm.commands.serve import add_cli, model_id
 from refllm.config import ModelConfig
 from refllm.io.tokenizer import Tokenizer
 from refllm.models.contract import InMemorySource
 from refllm.models.llama import LlamaFamilyModel
 from refllm.models.random import random_tensors
-from refllm.runtime.engine import Engine
 from refllm.runtime.configurable_executor import ConfigurableModelExecutor
+from refllm.runtime.engine import Engine
 from refllm.runtime.executor import LLMExecutor
 from refllm.runtime.llm import LLM
 from refllm.runtime.sampling import SamplingParams
-from refllm.commands.serve import add_cli, model_id
 from refllm.server import BackgroundServer, create_app
 from tests.real_models import SMOLLM2, real_model_or_skip
 from tests.test_engine import failing_script

@@ -27,7 +27,6 @@ import mmap
 import os
 import struct
 from dataclasses import dataclass
-from enum import IntEnum
 from typing import Any
 
 import numpy as np

@@ -38,7 +38,6 @@ from refllm.kernels.arithmetic import ceil_div
 from refllm.kernels.exp import exp_nonpositive
 from refllm.kernels.intrinsics import SUM_FASTMATH, prefetch
 
-
 # Keys are visited in chunks of this many: scores, exponentials and the weighted sum of values
 # of a chunk each run as one loop of CHUNK_KEYS, long enough for LLVM's 16-lane loops (which
 # handle 64 elements per round) to run vectorised instead of falling to their scalar remainder.

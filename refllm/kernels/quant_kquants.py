@@ -12,7 +12,6 @@ from numba import njit
 from refllm.kernels.intrinsics import add16, broadcast16, byte_bits16, multiply_add16
 from refllm.kernels.quant_fields import NO_OFFSET, bit, byte_at, f16, nibbles
 
-
 # ---- Q4_K, Q5_K: super-block b = g // 4; group i = g % 4 is sub-blocks 2i (low nibbles), 2i + 1 ----
 
 

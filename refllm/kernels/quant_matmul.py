@@ -82,7 +82,6 @@ from refllm.kernels.quant_kquants import (
 )
 from refllm.kernels.quant_walks import format_walks
 
-
 # The formats the kernels read, by kernel code (the small int the compiled kernels branch on).
 KERNEL_FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 FORMAT_CODES = {name: code for code, name in enumerate(KERNEL_FORMATS)}

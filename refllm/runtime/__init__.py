@@ -1,7 +1,7 @@
 """The runtime: cache-id keyed model calls, executors, the batching engine, sampling and speculative decoding."""
 
-from refllm.runtime.engine import Completion, CompletionDelta, Engine, EngineStats, RequestHandle, RequestResult
 from refllm.runtime.configurable_executor import ConfigurableModelExecutor
+from refllm.runtime.engine import Completion, CompletionDelta, Engine, EngineStats, RequestHandle, RequestResult
 from refllm.runtime.executor import (
     DecodeInput,
     DecodeOutput,

@@ -25,9 +25,9 @@ from refllm.runtime.llm import (
     blocks_for,
     check_cache_id,
     check_decode_items,
+    check_fits_context,
     check_position,
     check_prompt,
-    check_fits_context,
     check_truncate,
 )
 

@@ -29,7 +29,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
-from refllm.errors import InvalidInputError, PositionError, UnknownSequenceError
+from refllm.errors import InvalidInputError, PositionError
 from refllm.runtime.llm import LLM
 
 T = TypeVar("T")

@@ -15,6 +15,7 @@ from refllm.server.connections import GuardedServer, server_config
 from refllm.server.guard import hosts_for
 from refllm.server.limits import ServerLimits
 
+
 def serve(
     engine_or_model: Engine | LlamaFamilyModel,
     *,

@@ -25,10 +25,10 @@ import numpy as np
 
 import refllm
 from refllm.errors import InvalidInputError
+from refllm.models.llama import DTYPES, dtype_name
 from refllm.testing.backends import Backend, as_backend
 from refllm.testing.checkpoint import Checkpoint
 from refllm.testing.explain import count, state_name
-from refllm.models.llama import DTYPES, dtype_name
 from refllm.testing.factories import load_factory, refllm_contiguous, refllm_float64
 from refllm.testing.greedy import compare_greedy_outputs, greedy_tokens, top_candidates
 from refllm.testing.tolerances import PROFILES, Tolerance, get_profile
