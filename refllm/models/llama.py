@@ -173,13 +173,7 @@ class LlamaFamilyModel:
             return self._norm(x, self.weights.norm)
 
     def decoder_layer(
-        self,
-        layer_index: int,
-        w: LayerWeights,
-        x: np.ndarray,
-        positions: np.ndarray,
-        cache: KVCache,
-        seq_ids: list[int],
+        self, layer_index: int, w: LayerWeights, x: np.ndarray, positions: np.ndarray, cache: KVCache, seq_ids: list
     ) -> np.ndarray:
         """x: [B, T, D] -> [B, T, D]."""
         ops = self.ops
@@ -198,13 +192,7 @@ class LlamaFamilyModel:
         return x + h
 
     def self_attention(
-        self,
-        layer_index: int,
-        w: LayerWeights,
-        x: np.ndarray,
-        positions: np.ndarray,
-        cache: KVCache,
-        seq_ids: list[int],
+        self, layer_index: int, w: LayerWeights, x: np.ndarray, positions: np.ndarray, cache: KVCache, seq_ids: list
     ) -> np.ndarray:
         """x: [B, T, D] (normed) -> attention output projected back to [B, T, D]."""
         c, ops = self.config, self.ops
