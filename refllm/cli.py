@@ -50,9 +50,9 @@ from refllm.commands.flags import (
 from refllm.commands.measure import cmd_bench, cmd_info
 from refllm.errors import InvalidInputError
 from refllm.kv import CacheConfig
+from refllm.kv.base import blocks_for
 from refllm.models.llama import LlamaFamilyModel
 from refllm.runtime.embedding import POOLINGS, pooled_hidden_states
-from refllm.runtime.llm import blocks_for
 
 EXIT_USER_ERROR = 1
 EXIT_USAGE = 2

@@ -17,9 +17,10 @@ from refllm.errors import InvalidInputError
 from refllm.io.gguf import GGUFSource
 from refllm.machine import cpu_name, thread_settings
 from refllm.kv import CacheConfig, CacheShape
+from refllm.kv.base import blocks_for
 from refllm.models.contract import ModelSource
 from refllm.quant.linear import QuantizedTensor
-from refllm.runtime.llm import LLM, blocks_for
+from refllm.runtime.llm import LLM
 
 # ---- info --------------------------------------------------------------------------------------------
 
