@@ -44,6 +44,8 @@ class RequestResult:
 
 
 class Request:
+    """A submitted request: its prompt, its n sequences, and the queue its deltas go to."""
+
     def __init__(self, request_id: int, prompt: list[int], params: SamplingParams):
         self.id = request_id
         self.prompt = prompt

@@ -15,8 +15,8 @@ Every ``step`` does, in order:
 4. sample each sequence's next token, stream its text (``TextStream``: no half
    characters, stop strings caught whole), and retire finished sequences.
 
-``add`` and ``mark_cancelled`` are safe from any thread; everything else runs
-under the engine's step lock.
+``add``, ``mark_cancelled`` and ``has_work`` may be called from any thread;
+everything else runs under the engine's step lock, one call at a time.
 """
 
 from __future__ import annotations
