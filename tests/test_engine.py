@@ -240,8 +240,8 @@ def test_bad_submissions_are_refused_and_change_nothing(name):
     engine = Engine(LLMExecutor(LLM(model, CacheConfig(block_size=4, num_blocks=12)), offload=False))
     engine.submit([1, 2, 3], SamplingParams(max_tokens=4))
     engine.step()
-    before = snapshot((engine.executor.llm.arena, engine.stats, len(engine._requests)))
+    before = snapshot((engine.executor.llm.arena, engine.stats, len(engine._scheduler.requests)))
     with pytest.raises(error):
         submit(engine)
-    assert_same_state(before, snapshot((engine.executor.llm.arena, engine.stats, len(engine._requests))))
+    assert_same_state(before, snapshot((engine.executor.llm.arena, engine.stats, len(engine._scheduler.requests))))
     assert issubclass(error, (ValueError, KeyError))

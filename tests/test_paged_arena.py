@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from refllm.kv import CacheConfig, CacheShape, ContiguousKVCache, OutOfBlocksError, PagedKVArena, UnknownSequenceError
+from refllm.kv.blocks import BlockPool
 from refllm.kv.paged import DEFAULT_BUDGET_CAP_BYTES
 
 SHAPE = CacheShape(num_layers=2, num_kv_heads=2, head_dim=4)
@@ -67,7 +68,7 @@ def assert_same(before, after, path: str = "arena") -> None:
     """Deep equality that compares arrays element by element."""
     if isinstance(before, np.ndarray):
         assert np.array_equal(before, after), f"{path} changed"
-    elif dataclasses.is_dataclass(before) and not isinstance(before, type):
+    elif dataclasses.is_dataclass(before) and not isinstance(before, type) or isinstance(before, BlockPool):
         assert_same(vars(before), vars(after), path)
     elif isinstance(before, dict):
         assert list(before) == list(after), f"{path} keys changed"
@@ -94,11 +95,12 @@ def assert_consistent(arena: PagedKVArena) -> None:
     for seq_id in arena.sequence_ids():
         np.add.at(holders, arena.block_table(seq_id), 1)
     np.testing.assert_array_equal(arena.refcounts, holders)
-    free, cached = list(arena._free), list(arena._unreferenced_cached)
+    pool = arena._pool
+    free, cached = list(pool._free), list(pool._unreferenced_cached)
     assert len(set(free)) == len(free) and not set(free) & set(cached)
     unreferenced = set(np.flatnonzero(holders == 0).tolist())
     assert set(free) | set(cached) == unreferenced
-    assert set(cached) <= set(arena._key_of_block)
+    assert set(cached) <= set(pool._key_of_block)
     stats = arena.stats()
     assert stats.blocks_used + stats.blocks_free == stats.blocks_total == arena.num_blocks
 

@@ -10,6 +10,7 @@ import numpy as np
 from refllm import catalog, progress
 from refllm.errors import InvalidInputError
 from refllm.kv import CacheConfig
+from refllm.kv.base import blocks_for
 from refllm.loading import open_source
 from refllm.memory import available_memory, weight_bytes
 from refllm.models.contract import ModelSource
@@ -18,7 +19,7 @@ from refllm.models.weights import checkpoint_shapes
 from refllm.quant.linear import QuantizedTensor
 from refllm.runtime.engine import Engine
 from refllm.runtime.executor import LLMExecutor
-from refllm.runtime.llm import LLM, blocks_for
+from refllm.runtime.llm import LLM
 
 
 def open_model(name: str, quantized: bool = False, *, chat: bool = False, dtype: str = "float32") -> ModelSource:

@@ -16,11 +16,12 @@ from refllm.commands import common
 from refllm.errors import InvalidInputError
 from refllm.io.gguf import GGUFSource
 from refllm.kv import CacheConfig, CacheShape
+from refllm.kv.base import blocks_for
 from refllm.machine import cpu_name, thread_settings
 from refllm.memory import available_memory, weight_bytes
 from refllm.models.contract import ModelSource
 from refllm.quant.linear import QuantizedTensor
-from refllm.runtime.llm import LLM, blocks_for
+from refllm.runtime.llm import LLM
 
 # ---- info --------------------------------------------------------------------------------------------
 

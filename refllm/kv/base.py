@@ -31,7 +31,12 @@ import numpy as np
 
 from refllm.errors import CacheCapacityError, UnknownSequenceError
 
-__all__ = ["CacheCapacityError", "CacheConfig", "CacheShape", "KVCache", "UnknownSequenceError"]
+__all__ = ["CacheCapacityError", "CacheConfig", "CacheShape", "KVCache", "UnknownSequenceError", "blocks_for"]
+
+
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    """Blocks that ``num_tokens`` positions of one unshared sequence occupy."""
+    return -(-num_tokens // block_size)
 
 
 @dataclass(frozen=True)

@@ -10,33 +10,28 @@ every block of the source, and the first write into a shared block copies it
 the copies), and it takes all of them or none.
 
 Prefix caching: once a block is full and the arena knows its token ids (from
-``match_prefix`` or ``register_tokens``), it is keyed by
-sha256(previous block's key + its token ids), so a key names the whole prefix
-up to the end of its block. ``match_prefix`` gives a new sequence the cached
-blocks its prompt starts with. A keyed block no sequence holds stays in the
-cache, counted as free, until the free list runs dry; then the least recently
-released one is evicted. Keyed blocks are never written while keyed:
-``reserve`` copies a shared block the new tokens land in, and takes a keyed
-block its only holder reopens (after ``truncate``, or a fully cached prompt)
-out of the cache first.
+``match_prefix`` or ``register_tokens``), it gets a key naming the whole
+prefix up to the end of its block (``refllm.kv.blocks``, which also keeps the
+free list, the reference counts and the cached blocks' eviction order).
+``match_prefix`` gives a new sequence the cached blocks its prompt starts
+with. Keyed blocks are never written while keyed: ``reserve`` copies a shared
+block the new tokens land in, and takes a keyed block its only holder reopens
+(after ``truncate``, or a fully cached prompt) out of the cache first.
 
-Every block is in exactly one of three states: held (reference count =
-number of block tables holding it, >= 1), on the free list, or cached and
-unreferenced (keyed, reference count 0).
+``write`` and ``attention`` validate and hand the batch's block tables and
+slots to ``refllm.kv.block_attention``.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import numpy as np
 
-from refllm.kv.base import CacheCapacityError, CacheConfig, CacheShape, KVCache
+from refllm.kv.base import CacheCapacityError, CacheConfig, CacheShape, KVCache, blocks_for
+from refllm.kv.block_attention import BatchView, attend_blocks, load_kernels, write_blocks
+from refllm.kv.blocks import BlockPool
 from refllm.nn.attention import attention as spec_attention
 
 DEFAULT_BUDGET_SEQUENCES = 8  # the default arena holds this many full-context sequences ...
@@ -71,22 +66,6 @@ class _Sequence:
     block_keys: list[bytes] = field(default_factory=list)  # prefix-cache keys of its full, known blocks
 
 
-class _BatchView(NamedTuple):
-    """What the kernels need for one batch of sequences and T new tokens each."""
-
-    block_tables: np.ndarray  # [B, max blocks] int32, padded with block 0 (never read)
-    lengths: np.ndarray  # [B] int64 committed tokens: the new tokens start here
-    slots: np.ndarray  # [B, T] int64: where the new tokens' keys and values go
-
-
-def _block_key(previous: bytes, token_ids: Sequence[int]) -> bytes:
-    return hashlib.sha256(previous + np.asarray(token_ids, np.int64).tobytes()).digest()
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 class PagedKVArena(KVCache):
     """Keys and values in blocks of ``config.block_size`` tokens, attended by Numba kernels.
 
@@ -110,8 +89,9 @@ class PagedKVArena(KVCache):
         self.v = np.zeros(arena_shape, shape.dtype)
         self._kernels_read = self.k.dtype == np.float32
         if self._kernels_read:
-            _kernels()  # imported with the first float32 arena: import refllm loads no Numba
-        self.refcounts = np.zeros(self.num_blocks, np.int32)  # [N]: block tables holding each block
+            load_kernels()  # imported with the first float32 arena: import refllm loads no Numba
+        self._pool = BlockPool(self.num_blocks)
+        self.refcounts = self._pool.refcounts  # [N]: block tables holding each block
         self._init_bookkeeping()
 
     @staticmethod
@@ -123,19 +103,15 @@ class PagedKVArena(KVCache):
             if config.max_bytes < block_bytes:
                 raise ValueError(f"CacheConfig.max_bytes={config.max_bytes} holds no block of {block_bytes} bytes")
             return config.max_bytes // block_bytes
-        wanted = DEFAULT_BUDGET_SEQUENCES * _ceil_div(max_context, config.block_size)
+        wanted = DEFAULT_BUDGET_SEQUENCES * blocks_for(max_context, config.block_size)
         return max(1, min(wanted, DEFAULT_BUDGET_CAP_BYTES // block_bytes))
 
     def _init_bookkeeping(self) -> None:
-        self.refcounts[:] = 0
+        self._pool.reset()
         self._sequences: dict[int, _Sequence] = {}
-        self._free: list[int] = list(range(self.num_blocks - 1, -1, -1))  # a stack: block 0 is taken first
-        self._unreferenced_cached: OrderedDict[int, None] = OrderedDict()  # oldest release first
-        self._key_of_block: dict[int, bytes] = {}
-        self._block_of_key: dict[bytes, int] = {}
         self._prefix_hit_tokens = 0
         self._version = 0  # bumped by every change to tables or lengths; keys the batch-view memo
-        self._batch_memo: tuple[tuple, _BatchView] | None = None
+        self._batch_memo: tuple[tuple, BatchView] | None = None
 
     # --- queries -------------------------------------------------------------------
 
@@ -154,7 +130,7 @@ class PagedKVArena(KVCache):
 
     def free_blocks(self) -> int:
         """Blocks a reservation may take: the free list plus unreferenced cached blocks."""
-        return len(self._free) + len(self._unreferenced_cached)
+        return self._pool.free_count()
 
     def stats(self) -> ArenaStats:
         used = np.flatnonzero(self.refcounts)
@@ -168,7 +144,7 @@ class PagedKVArena(KVCache):
             blocks_total=self.num_blocks,
             blocks_used=len(used),
             blocks_free=self.free_blocks(),
-            blocks_cached=len(self._unreferenced_cached),
+            blocks_cached=self._pool.cached_count(),
             blocks_shared=int(np.count_nonzero(self.refcounts > 1)),
             bytes=self.k.nbytes + self.v.nbytes,
             tokens=sum(seq.length for seq in self._sequences.values()),
@@ -202,15 +178,15 @@ class PagedKVArena(KVCache):
                 if index in copies:
                     self._copy_on_write(seq, index)
                 else:
-                    self._drop_key(seq.blocks[index])
-            seq.blocks.extend(self._take_block() for _ in range(grow))
+                    self._pool.drop_key(seq.blocks[index])
+            seq.blocks.extend(self._pool.take() for _ in range(grow))
         self._version += 1
 
     def _reservation(self, seq: _Sequence, num_new: int) -> tuple[range, list[int], int]:
         """(table indices of held blocks the new tokens land in, those of them that are shared, blocks to add)."""
         if num_new == 0:
             return range(0), [], 0
-        blocks_needed = _ceil_div(seq.length + num_new, self.block_size)
+        blocks_needed = blocks_for(seq.length + num_new, self.block_size)
         touched = range(seq.length // self.block_size, min(len(seq.blocks), blocks_needed))
         shared = [index for index in touched if self.refcounts[seq.blocks[index]] > 1]
         return touched, shared, max(0, blocks_needed - len(seq.blocks))
@@ -218,10 +194,10 @@ class PagedKVArena(KVCache):
     def _copy_on_write(self, seq: _Sequence, index: int) -> None:
         """Give ``seq`` its own copy of a shared block, to write into."""
         shared = seq.blocks[index]
-        private = self._take_block()
+        private = self._pool.take()
         self.k[:, private] = self.k[:, shared]
         self.v[:, private] = self.v[:, shared]
-        self._release(shared)
+        self._pool.release(shared)
         seq.blocks[index] = private
 
     def write(self, layer: int, seq_ids: Sequence[int], k: np.ndarray, v: np.ndarray) -> None:
@@ -234,11 +210,7 @@ class PagedKVArena(KVCache):
                 f" got {k.shape} and {v.shape}"
             )
         view = self._batch_view(seq_ids, k.shape[1])
-        if self._kernels_read:
-            _kernels().write_kv(self.k[layer], self.v[layer], view.slots, _as_f32(k), _as_f32(v))
-        else:
-            self._slots(self.k[layer])[view.slots] = k
-            self._slots(self.v[layer])[view.slots] = v
+        write_blocks(self.k[layer], self.v[layer], view.slots, k, v, self._kernels_read)
 
     def attention(
         self,
@@ -261,36 +233,10 @@ class PagedKVArena(KVCache):
             raise ValueError(f"window must be at least 1, not {window}")
         if softcap is not None and softcap <= 0:
             raise ValueError(f"softcap must be positive, not {softcap}")
-        batch, num_new, num_heads, head_dim = q.shape
-        view = self._batch_view(seq_ids, num_new)
-        if attend is not None or not self._kernels_read:
-            return self._gathered_attention(layer, view, q, scale, window, softcap, attend or spec_attention)
-        q = _as_f32(q)
-        arena = (self.k[layer], self.v[layer], view.block_tables)
-        scalars = (float(scale), window or 0, float(softcap or 0.0))  # 0 = no window, no soft-capping
-        if num_new == 1:
-            decode_q = q.reshape(batch, num_heads, head_dim)
-            out = _kernels().paged_decode_attention(decode_q, *arena, view.lengths + 1, *scalars)
-            return out.reshape(q.shape)
-        return _kernels().paged_prefill_attention(q, *arena, view.lengths, *scalars)
-
-    def _gathered_attention(
-        self, layer: int, view: _BatchView, q: np.ndarray, scale, window, softcap, attend: Callable
-    ) -> np.ndarray:
-        """``attend`` over each sequence's keys and values, gathered through its block table."""
-        num_new = q.shape[1]
-        keys, values = self._slots(self.k[layer]), self._slots(self.v[layer])  # [N * S, K, E]
-        out = np.empty_like(q)
-        for row, (table, length) in enumerate(zip(view.block_tables, view.lengths)):
-            positions = np.arange(length + num_new)
-            slots = table[positions // self.block_size] * self.block_size + positions % self.block_size
-            out[row] = attend(q[row], keys[slots], values[slots], positions[length:], scale, window, softcap)
-        return out
-
-    @staticmethod
-    def _slots(layer_blocks: np.ndarray) -> np.ndarray:
-        """[N, S, K, E] -> [N * S, K, E], a view: slot block * S + offset holds one position."""
-        return layer_blocks.reshape(-1, *layer_blocks.shape[2:])
+        view = self._batch_view(seq_ids, q.shape[1])
+        if attend is None and not self._kernels_read:
+            attend = spec_attention
+        return attend_blocks(self.k[layer], self.v[layer], view, q, scale, window, softcap, attend)
 
     def commit(self, seq_ids: Sequence[int], num_new: int) -> None:
         """Count ``num_new`` written tokens in each length; blocks that become full and known get cache keys."""
@@ -309,9 +255,9 @@ class PagedKVArena(KVCache):
         """``dst`` shares every block of ``src``'s committed tokens (reference counts up; nothing copied)."""
         self._check_fork(src, dst)
         source = self._sequences[src]
-        blocks = source.blocks[: _ceil_div(source.length, self.block_size)]
+        blocks = source.blocks[: blocks_for(source.length, self.block_size)]
         for block in blocks:
-            self.refcounts[block] += 1
+            self._pool.hold(block)
         self._sequences[dst] = _Sequence(
             list(blocks), source.length, source.tokens[: source.length], list(source.block_keys)
         )
@@ -321,9 +267,9 @@ class PagedKVArena(KVCache):
         """Roll back to the first ``new_length`` tokens, releasing the blocks past them; block contents stay."""
         self._check_truncate(seq_id, new_length)
         seq = self._sequences[seq_id]
-        keep = _ceil_div(new_length, self.block_size)
+        keep = blocks_for(new_length, self.block_size)
         for block in seq.blocks[keep:]:
-            self._release(block)
+            self._pool.release(block)
         del seq.blocks[keep:]
         del seq.tokens[new_length:]
         del seq.block_keys[new_length // self.block_size :]
@@ -333,7 +279,7 @@ class PagedKVArena(KVCache):
     def free(self, seq_id: int) -> None:
         seq = self._known(seq_id)
         for block in seq.blocks:
-            self._release(block)
+            self._pool.release(block)
         del self._sequences[seq_id]
         self._version += 1
 
@@ -358,15 +304,7 @@ class PagedKVArena(KVCache):
         tokens = [int(t) for t in token_ids]
         seq = _Sequence(tokens=tokens)
         if self.config.prefix_caching:
-            for start in range(0, len(tokens) - self.block_size + 1, self.block_size):
-                previous = seq.block_keys[-1] if seq.block_keys else b""
-                key = _block_key(previous, tokens[start : start + self.block_size])
-                block = self._block_of_key.get(key)
-                if block is None:
-                    break
-                self._hold(block)
-                seq.blocks.append(block)
-                seq.block_keys.append(key)
+            seq.blocks, seq.block_keys = self._pool.hold_cached_prefix(tokens, self.block_size)
         seq.length = min(len(seq.blocks) * self.block_size, max(len(tokens) - 1, 0))
         del seq.block_keys[seq.length // self.block_size :]  # a fully cached prompt's last block is reopened
         self._sequences[seq_id] = seq
@@ -397,45 +335,7 @@ class PagedKVArena(KVCache):
         if not self.config.prefix_caching:
             return
         full = min(seq.length, len(seq.tokens)) // self.block_size
-        for index in range(len(seq.block_keys), full):
-            previous = seq.block_keys[-1] if seq.block_keys else b""
-            key = _block_key(previous, seq.tokens[index * self.block_size : (index + 1) * self.block_size])
-            seq.block_keys.append(key)
-            block = seq.blocks[index]
-            # An equal prefix computed twice keeps the first block; a block carries one key at most.
-            if key not in self._block_of_key and block not in self._key_of_block:
-                self._block_of_key[key] = block
-                self._key_of_block[block] = key
-
-    def _drop_key(self, block: int) -> None:
-        """Take ``block`` out of the prefix cache, if it is there (it is about to be overwritten)."""
-        key = self._key_of_block.pop(block, None)
-        if key is not None:
-            del self._block_of_key[key]
-
-    # --- blocks ------------------------------------------------------------------------
-
-    def _take_block(self) -> int:
-        """A block for one holder: from the free list, else evict the least recently released cached block."""
-        if self._free:
-            block = self._free.pop()
-        else:
-            block, _ = self._unreferenced_cached.popitem(last=False)
-            self._drop_key(block)
-        self.refcounts[block] = 1
-        return block
-
-    def _hold(self, block: int) -> None:
-        self._unreferenced_cached.pop(block, None)
-        self.refcounts[block] += 1
-
-    def _release(self, block: int) -> None:
-        self.refcounts[block] -= 1
-        if self.refcounts[block] == 0:
-            if block in self._key_of_block:
-                self._unreferenced_cached[block] = None
-            else:
-                self._free.append(block)
+        self._pool.key_blocks(seq.blocks, seq.block_keys, seq.tokens, full, self.block_size)
 
     # --- validation and views ------------------------------------------------------------
 
@@ -457,7 +357,7 @@ class PagedKVArena(KVCache):
         if not 0 <= num_new <= room:
             raise ValueError(f"sequence {seq_id} has room for {room} new tokens, not {num_new}; reserve first")
 
-    def _batch_view(self, seq_ids: Sequence[int], num_new: int) -> _BatchView:
+    def _batch_view(self, seq_ids: Sequence[int], num_new: int) -> BatchView:
         """Block tables, lengths and slots of a batch, validated; reused by every layer of a step."""
         memo_key = (tuple(seq_ids), num_new, self._version)
         if self._batch_memo is not None and self._batch_memo[0] == memo_key:
@@ -472,19 +372,6 @@ class PagedKVArena(KVCache):
         lengths = np.array([seq.length for seq in seqs], np.int64)
         positions = lengths[:, None] + np.arange(num_new)  # [B, T]
         blocks = np.take_along_axis(tables, positions // self.block_size, axis=1).astype(np.int64)
-        view = _BatchView(tables, lengths, blocks * self.block_size + positions % self.block_size)
+        view = BatchView(tables, lengths, blocks * self.block_size + positions % self.block_size)
         self._batch_memo = (memo_key, view)
         return view
-
-
-def _as_f32(x: np.ndarray) -> np.ndarray:
-    """The kernels are compiled for C-contiguous float32 arrays only."""
-    return np.ascontiguousarray(x, dtype=np.float32)
-
-
-@functools.cache
-def _kernels():
-    """The Numba kernels over float32 blocks."""
-    from refllm.kernels import attention
-
-    return attention

@@ -19,10 +19,10 @@ import numpy as np
 
 from refllm.errors import InvalidInputError, UnknownSequenceError
 from refllm.kv import OutOfBlocksError
+from refllm.kv.base import blocks_for
 from refllm.runtime.executor import LLMExecutor
 from refllm.runtime.llm import (
     LLMConfig,
-    blocks_for,
     check_cache_id,
     check_decode_items,
     check_fits_context,

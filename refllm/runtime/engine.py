@@ -5,20 +5,8 @@
         print(delta.text, end="")                      # streams; the iterator drives the engine
     results = engine.generate(["a", "b"], params)      # notebooks: all at once, in order
 
-Every ``step`` does, in order:
-
-1. drop cancelled requests, releasing their caches;
-2. admit waiting sequences, oldest first, while the batch has room and the
-   arena has free blocks for their prompts; each is prefilled and samples its
-   first token (parallel sampling, n > 1, prefills the prompt once and forks
-   the cache n - 1 times, so the prompt's blocks are shared);
-3. decode every running sequence in ONE ``batch_decode``; when the arena runs
-   out, the newest running sequence is preempted (its cache released, its
-   tokens kept) and the batch is tried again without it. A preempted sequence
-   waits at the front of the queue and, once re-admitted, is recomputed from
-   its prompt (found in the prefix cache when still there) and its tokens;
-4. sample each sequence's next token, stream its text (``TextStream``: no half
-   characters, stop strings caught whole), and retire finished sequences.
+Each ``step`` admits, decodes and retires sequences as ``refllm.runtime.scheduler``
+describes; the request and result types live in ``refllm.runtime.requests``.
 
 Threads: ``submit`` and ``cancel`` are safe from any thread. Steps run one at
 a time under a lock, driven either by the caller (``step``,
@@ -31,110 +19,42 @@ synchronous calls also work where an event loop is already running (Jupyter).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import itertools
 import queue
 import threading
-from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from refllm.errors import CacheCapacityError, ContextLengthError, InvalidInputError
+from refllm.errors import ContextLengthError, InvalidInputError
 from refllm.io.tokenizer import Tokenizer
-from refllm.runtime.executor import DecodeInput, KvCacheHandle, ModelExecutor, PrefillInput
-from refllm.runtime.llm import blocks_for, check_prompt
+from refllm.runtime.executor import ModelExecutor
+from refllm.runtime.llm import check_prompt
+from refllm.runtime.requests import Completion, CompletionDelta, CompletionSequence, Request, RequestResult
 from refllm.runtime.sampling import Sampler, SamplingParams
+from refllm.runtime.scheduler import EngineStats, Scheduler
 from refllm.runtime.stream import TextStream
 
-
-@dataclass(frozen=True)
-class CompletionDelta:
-    """What one step added to one of a request's completions."""
-
-    index: int  # which of the request's n completions
-    text: str  # new text, safe to show
-    token_id: int | None  # the token sampled (a stop token included); None on a cancellation
-    logprob: float | None = None  # of token_id under the model's raw distribution
-    top_logprobs: list[tuple[int, float]] = field(default_factory=list)  # when SamplingParams.logprobs asks
-    finish_reason: str | None = None  # on the completion's last delta: "stop", "length", "cancelled" or "error"
-
-
-@dataclass(frozen=True)
-class Completion:
-    index: int
-    token_ids: list[int]  # generated, stop tokens excluded
-    text: str
-    finish_reason: str | None
-
-
-@dataclass(frozen=True)
-class RequestResult:
-    request_id: int
-    prompt_token_ids: list[int]
-    completions: list[Completion]
-
-
-@dataclass
-class EngineStats:
-    steps: int = 0
-    prefills: int = 0  # admissions, recomputations after preemption included
-    decode_batches: int = 0
-    decoded_tokens: int = 0
-    largest_batch: int = 0
-    preemptions: int = 0
-    finished_requests: int = 0
-    cancelled_requests: int = 0
+__all__ = [
+    "Completion",
+    "CompletionDelta",
+    "Engine",
+    "EngineClosedError",
+    "EngineStats",
+    "RequestHandle",
+    "RequestResult",
+]
 
 
 class EngineClosedError(InvalidInputError):
     """A call to an engine after ``close``."""
 
 
-class _Request:
-    def __init__(self, request_id: int, prompt: list[int], params: SamplingParams):
-        self.id = request_id
-        self.prompt = prompt
-        self.params = params
-        self.sequences: list[_Sequence] = []
-        self.deltas: queue.Queue[CompletionDelta | None] = queue.Queue()  # None ends the stream
-        self.cancelled = False
-        self.error: BaseException | None = None  # why the engine failed it, when it did
-        self.done = threading.Event()
-
-    def result(self) -> RequestResult:
-        completions = [Completion(s.index, list(s.tokens), s.stream.text, s.finish_reason) for s in self.sequences]
-        return RequestResult(self.id, list(self.prompt), completions)
-
-
-class _Sequence:
-    """One completion: its sampler, its text stream (which holds its generated tokens) and its cache."""
-
-    def __init__(self, request: _Request, index: int, sampler: Sampler, stream: TextStream):
-        self.request = request
-        self.index = index
-        self.sampler = sampler
-        self.stream = stream
-        self.handle: KvCacheHandle | None = None  # None while waiting
-        self.finish_reason: str | None = None
-
-    @property
-    def tokens(self) -> list[int]:
-        """Generated so far; the last one is fed at the next decode (the cache holds the ones before it)."""
-        return self.stream.tokens
-
-    @property
-    def age(self) -> tuple[int, int]:
-        """Smaller is older: requests in arrival order, a request's completions in index order."""
-        return self.request.id, self.index
-
-
 class RequestHandle:
     """A submitted request: iterate it for its deltas, ``result()`` for the whole, ``cancel()`` to stop it."""
 
-    def __init__(self, engine: Engine, request: _Request):
+    def __init__(self, engine: Engine, request: Request):
         self._engine = engine
         self._request = request
         self._ended = False
@@ -189,13 +109,8 @@ class Engine:
         self.max_batch_size = limit if max_batch_size is None else max_batch_size
         if not 1 <= self.max_batch_size <= limit:
             raise InvalidInputError(f"max_batch_size must be in [1, {limit}], not {max_batch_size}")
-        self.stats = EngineStats()
-        # Waiting groups, each admitted as a whole: a new request's n sequences, or one preempted sequence.
-        self._waiting: deque[list[_Sequence]] = deque()
-        self._running: list[_Sequence] = []
-        self._requests: dict[int, _Request] = {}  # live (unfinished) requests
-        self._incoming: list[_Request] = []  # submitted since the last step; guarded by _submit_lock
-        self._submit_lock = threading.Lock()
+        self._scheduler = Scheduler(executor, self.capabilities, self.max_batch_size)
+        self.stats = self._scheduler.stats
         self._step_lock = threading.Lock()
         self._wakeup = threading.Condition()
         self._request_ids = itertools.count()
@@ -226,13 +141,10 @@ class Engine:
 
     def cancel(self, request_id: int) -> None:
         """Stop a request now: its caches are released and its stream ends with finish_reason "cancelled"."""
-        with self._submit_lock:
-            request = self._requests.get(request_id)
-            if request is None:
-                return  # finished already (or never existed): nothing to stop
-            request.cancelled = True
+        if not self._scheduler.mark_cancelled(request_id):
+            return  # finished already (or never existed): nothing to stop
         with self._step_lock:
-            self._drop_cancelled()
+            self._scheduler.drop_cancelled()
 
     # --- stepping ------------------------------------------------------------------------------
 
@@ -246,9 +158,9 @@ class Engine:
             if self._closed:
                 raise EngineClosedError("the engine is closed")
             try:
-                return asyncio.run_coroutine_threadsafe(self._step(), self._loop).result()
+                return asyncio.run_coroutine_threadsafe(self._scheduler.step(), self._loop).result()
             except Exception as error:
-                self._fail_all(error)
+                self._scheduler.fail_all(error)
                 raise
 
     def run_until_done(self) -> None:
@@ -256,7 +168,7 @@ class Engine:
             pass
 
     def has_work(self) -> bool:
-        return bool(self._incoming or self._waiting or self._running)
+        return self._scheduler.has_work()
 
     @property
     def running_in_background(self) -> bool:
@@ -295,145 +207,9 @@ class Engine:
                 with self._wakeup:
                     self._wakeup.wait_for(lambda: self._stopping or self.has_work(), timeout=1.0)
 
-    async def _step(self) -> bool:
-        with self._submit_lock:
-            self._waiting.extend(request.sequences for request in self._incoming)
-            self._incoming.clear()
-        self._drop_cancelled()
-        if not (self._waiting or self._running):
-            return False
-        self.stats.steps += 1
-        await self._admit()
-        await self._decode()
-        return True
-
-    # --- the scheduler ----------------------------------------------------------------------------
-
-    async def _admit(self) -> None:
-        """Prefill waiting groups, oldest first, while they fit; a group that does not fit waits for the next step."""
-        while self._waiting and len(self._running) + len(self._waiting[0]) <= self.max_batch_size:
-            group = self._waiting[0]
-            spare = self.executor.status().blocks_free - len(self._running)  # one block of growth per running sequence
-            if self._blocks_to_admit(group) > spare and self._running:
-                return
-            self._waiting.popleft()
-            try:
-                handles, logits = await self._prefill(group)
-            except CacheCapacityError:
-                self._waiting.appendleft(group)
-                return
-            self.stats.prefills += 1
-            for seq, handle in zip(group, handles):
-                seq.handle = handle
-                self._running.append(seq)
-                self._advance(seq, logits)
-
-    async def _prefill(self, group: list[_Sequence]) -> tuple[list[KvCacheHandle], np.ndarray]:
-        """The group's prompt (then a preempted sequence's tokens) -> a handle per sequence and the logits."""
-        handles: list[KvCacheHandle] = []
-        try:
-            out = await self.executor.prefill(PrefillInput(group[0].request.prompt))
-            handles.append(out.kv_cache)
-            if group[0].tokens:  # recomputing a preempted sequence: its prompt, then what it generated
-                out = await self.executor.prefill(PrefillInput(group[0].tokens, out.kv_cache))
-                handles[0] = out.kv_cache
-            for _ in group[1:]:
-                handles.append(await self.executor.fork_cache(out.kv_cache))
-        except BaseException:
-            for handle in handles:
-                self.executor.release_cache(handle)
-            raise
-        return handles, out.logits
-
-    async def _decode(self) -> None:
-        """One batch_decode over every running sequence, preempting the newest while the arena is short."""
-        while self._running:
-            batch = list(self._running)
-            try:
-                outputs = await self.executor.batch_decode([DecodeInput(s.tokens[-1], s.handle) for s in batch])
-            except CacheCapacityError:
-                if len(batch) == 1:
-                    raise  # submit() checked that one sequence alone always fits
-                self._preempt(max(batch, key=lambda s: s.age))
-                continue
-            self.stats.decode_batches += 1
-            self.stats.decoded_tokens += len(batch)
-            self.stats.largest_batch = max(self.stats.largest_batch, len(batch))
-            for seq, out in zip(batch, outputs):
-                seq.handle = out.kv_cache
-                self._advance(seq, out.logits)
-            return
-
-    def _advance(self, seq: _Sequence, logits: np.ndarray) -> None:
-        """Sample the next token from logits [V], stream it, and retire the sequence if it finished."""
-        choice = seq.sampler(logits, seq.request.prompt, seq.tokens)
-        step = seq.stream.feed(choice.token)
-        seq.request.deltas.put(
-            CompletionDelta(seq.index, step.text, choice.token, choice.logprob, choice.top_logprobs, step.finish_reason)
-        )
-        if step.finished:
-            self._retire(seq, step.finish_reason)
-
-    def _preempt(self, seq: _Sequence) -> None:
-        self._release(seq)
-        self._running.remove(seq)
-        self._waiting.appendleft([seq])
-        self.stats.preemptions += 1
-
-    def _retire(self, seq: _Sequence, reason: str) -> None:
-        self._release(seq)
-        if seq in self._running:
-            self._running.remove(seq)
-        seq.finish_reason = reason
-        request = seq.request
-        if all(s.finish_reason is not None for s in request.sequences):
-            with self._submit_lock:
-                del self._requests[request.id]
-            self.stats.finished_requests += not (request.cancelled or request.error)
-            request.deltas.put(None)
-            request.done.set()
-
-    def _release(self, seq: _Sequence) -> None:
-        if seq.handle is not None:
-            self.executor.release_cache(seq.handle)
-            seq.handle = None
-
-    def _fail_all(self, error: Exception) -> None:
-        """End every live request with finish_reason "error", releasing what it holds (step lock held)."""
-        with self._submit_lock:
-            failed = list(self._requests.values())
-            self._incoming.clear()
-        self._waiting.clear()
-        for request in failed:
-            request.error = error
-            for seq in request.sequences:
-                with contextlib.suppress(Exception):  # a failing executor may refuse even a release
-                    self._release(seq)
-                seq.handle = None
-                self._end(seq, "error")
-
-    def _drop_cancelled(self) -> None:
-        """Retire every sequence of a cancelled request, wherever it is (call with the step lock held)."""
-        with self._submit_lock:
-            cancelled = [r for r in self._requests.values() if r.cancelled]
-            self._incoming = [r for r in self._incoming if not r.cancelled]
-        if not cancelled:
-            return
-        self._waiting = deque(g for g in self._waiting if not g[0].request.cancelled)
-        for request in cancelled:
-            self.stats.cancelled_requests += 1
-            for seq in request.sequences:
-                self._end(seq, "cancelled")
-
-    def _end(self, seq: _Sequence, reason: str) -> None:
-        """Retire an unfinished sequence from outside: a last, empty delta carries the reason."""
-        if seq.finish_reason is None:
-            seq.request.deltas.put(CompletionDelta(seq.index, "", None, finish_reason=reason))
-            self._retire(seq, reason)
-
     # --- requests ----------------------------------------------------------------------------------------
 
-    def _new_request(self, prompt: str | Sequence[int], params: SamplingParams | None) -> _Request:
+    def _new_request(self, prompt: str | Sequence[int], params: SamplingParams | None) -> Request:
         """A request with its n sequences, after every check; nothing is queued yet."""
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
@@ -451,21 +227,20 @@ class Engine:
                 f"a prompt of {len(prompt_ids)} tokens leaves no room to generate within the context length"
                 f" {self.info.context_length}"
             )
-        self._check_fits(len(prompt_ids), min(params.max_tokens, room), params.n)
-        request = _Request(next(self._request_ids), prompt_ids, params)
+        self._scheduler.check_fits(len(prompt_ids), min(params.max_tokens, room), params.n)
+        request = Request(next(self._request_ids), prompt_ids, params)
         stream_params = dataclasses.replace(params, max_tokens=min(params.max_tokens, room))
         seeds = np.random.SeedSequence(params.seed).spawn(params.n) if params.n > 1 else [params.seed]
         for index, seed in enumerate(seeds):
             stream = TextStream(self.tokenizer, stream_params, self.info.eos_token_ids)
-            request.sequences.append(_Sequence(request, index, Sampler(params, np.random.default_rng(seed)), stream))
+            sampler = Sampler(params, np.random.default_rng(seed))
+            request.sequences.append(CompletionSequence(request, index, sampler, stream))
         return request
 
-    def _enqueue(self, request: _Request) -> RequestHandle:
+    def _enqueue(self, request: Request) -> RequestHandle:
         if self._closed:
             raise EngineClosedError("the engine is closed")
-        with self._submit_lock:
-            self._incoming.append(request)
-            self._requests[request.id] = request
+        self._scheduler.add(request)
         with self._wakeup:
             self._wakeup.notify()
         return RequestHandle(self, request)
@@ -476,22 +251,3 @@ class Engine:
                 raise InvalidInputError("a text prompt needs a tokenizer; this engine has none (pass token ids)")
             return self.tokenizer.encode(prompt)
         return prompt
-
-    def _blocks_for(self, num_tokens: int) -> int:
-        return blocks_for(num_tokens, self.capabilities.block_size)
-
-    def _blocks_to_admit(self, group: list[_Sequence]) -> int:
-        """Blocks the group's prefill takes, its first decode included; each fork copies the shared last block."""
-        length = len(group[0].request.prompt) + len(group[0].tokens) + 1
-        return self._blocks_for(length) + len(group) - 1
-
-    def _check_fits(self, prompt_length: int, max_new: int, n: int) -> None:
-        """Refuse a request the whole arena could never run, so preemption always ends."""
-        longest = self._blocks_for(prompt_length + max_new)
-        admission = self._blocks_for(prompt_length + 1) + n - 1
-        total = self.capabilities.num_blocks
-        if max(longest, admission) > total:
-            raise CacheCapacityError(
-                f"a request of {prompt_length} prompt tokens, up to {max_new} new tokens and n={n} needs"
-                f" {max(longest, admission)} KV blocks; the arena has {total}"
-            )

@@ -66,11 +66,6 @@ class LLMConfig:
         return self.count_free_blocks()
 
 
-def blocks_for(num_tokens: int, block_size: int) -> int:
-    """Blocks that ``num_tokens`` positions of one unshared sequence occupy."""
-    return -(-num_tokens // block_size)
-
-
 class LLM:
     """Cache-id keyed prefill / decode / decode_batch / release over a ``PagedKVArena``."""
 

@@ -7,8 +7,8 @@ import math
 import numpy as np
 
 from refllm.kv import CacheConfig
+from refllm.kv.base import blocks_for
 from refllm.models.contract import GenerativeModel
-from refllm.runtime.llm import blocks_for
 
 
 def sliding_windows(num_tokens: int, window: int, stride: int) -> list[tuple[int, int]]:
