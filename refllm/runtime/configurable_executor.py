@@ -20,9 +20,7 @@ import numpy as np
 from refllm.errors import InvalidInputError, UnknownSequenceError
 from refllm.kv import OutOfBlocksError
 from refllm.kv.base import blocks_for
-from refllm.runtime.executor import LLMExecutor
-from refllm.runtime.llm import (
-    LLMConfig,
+from refllm.runtime.checks import (
     check_cache_id,
     check_decode_items,
     check_fits_context,
@@ -30,6 +28,8 @@ from refllm.runtime.llm import (
     check_prompt,
     check_truncate,
 )
+from refllm.runtime.executor import LLMExecutor
+from refllm.runtime.llm import LLMConfig
 
 NextLogits = Callable[[Sequence[int], Sequence[int]], np.ndarray]  # (prompt, fed since) -> logits [V]
 # (decode call) -> logits [V]: None for a prefill, else the executor-wide index of the decode call
@@ -103,7 +103,7 @@ class ScriptedLM:
         return self.decode_batch([(cache_id, token, pos)])[0]
 
     def decode_batch(self, items: Sequence[tuple[Hashable, int, int]]) -> list[np.ndarray]:
-        cache_ids, tokens = check_decode_items(items, self.length, self.config)
+        cache_ids, tokens = check_decode_items(items, self.length, self.config.vocab_size, self.config.context_length)
         self._reserve({c: self.length(c) + 1 for c in cache_ids})
         updated = {
             c: _ScriptedCache([*self._caches[c].tokens, int(t)], self._caches[c].prompt_length)

@@ -29,8 +29,8 @@ import numpy as np
 
 from refllm.errors import ContextLengthError, InvalidInputError
 from refllm.io.tokenizer import Tokenizer
+from refllm.runtime.checks import check_prompt
 from refllm.runtime.executor import ModelExecutor
-from refllm.runtime.llm import check_prompt
 from refllm.runtime.requests import Completion, CompletionDelta, CompletionSequence, Request, RequestResult
 from refllm.runtime.sampling import Sampler, SamplingParams
 from refllm.runtime.scheduler import EngineStats, Scheduler

@@ -32,8 +32,8 @@ import numpy as np
 
 from refllm.errors import ContextLengthError, InvalidInputError
 from refllm.io.tokenizer import Tokenizer
+from refllm.runtime.checks import check_prompt
 from refllm.runtime.executor import DecodeInput, KvCacheHandle, ModelExecutor, PrefillInput
-from refllm.runtime.llm import check_prompt
 from refllm.runtime.sampling import Sampler, SamplingParams, probabilities, processed_logits
 from refllm.runtime.stream import TextStream
 

@@ -27,9 +27,10 @@ from starlette.routing import Route
 
 from refllm.errors import InvalidInputError
 from refllm.models.llama import LlamaFamilyModel
+from refllm.runtime.checks import check_prompt
 from refllm.runtime.engine import CompletionDelta, Engine
 from refllm.runtime.executor import LLMExecutor
-from refllm.runtime.llm import LLM, check_prompt
+from refllm.runtime.llm import LLM
 from refllm.runtime.sampling import SamplingParams
 from refllm.server import errors, protocol
 from refllm.server.embeddings import Embedder, encode
