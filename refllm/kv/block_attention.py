@@ -1,7 +1,7 @@
 """Writing and attending one layer of keys and values stored in blocks, for a batch of sequences.
 
-    keys, values: [N, S, K, E], one layer of the paged arena
-    slot of position p = block_table[p // S] * S + p % S
+    keys, values: [N, Z, K, E], one layer of the paged arena
+    slot of position p = block_table[p // Z] * Z + p % Z
 
 Float32 blocks go to the Numba kernels, imported with the first arena that
 needs them (``load_kernels``: import refllm loads no Numba). Given an
@@ -68,7 +68,7 @@ def _gathered_attention(
     """``attend`` over each sequence's keys and values, gathered through its block table."""
     num_new = q.shape[1]
     block_size = keys.shape[1]
-    key_slots, value_slots = _slots(keys), _slots(values)  # [N * S, K, E]
+    key_slots, value_slots = _slots(keys), _slots(values)  # [N * Z, K, E]
     out = np.empty_like(q)
     for row, (table, length) in enumerate(zip(view.block_tables, view.lengths)):
         positions = np.arange(length + num_new)
@@ -78,7 +78,7 @@ def _gathered_attention(
 
 
 def _slots(layer_blocks: np.ndarray) -> np.ndarray:
-    """[N, S, K, E] -> [N * S, K, E], a view: slot block * S + offset holds one position."""
+    """[N, Z, K, E] -> [N * Z, K, E], a view: slot block * Z + offset holds one position."""
     return layer_blocks.reshape(-1, *layer_blocks.shape[2:])
 
 

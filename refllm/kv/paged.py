@@ -1,8 +1,8 @@
 """PagedKVArena: every sequence's keys and values in fixed-size blocks of two flat arrays.
 
-    k, v: [L, N, S, K, E] in the shape's dtype (float32; float64 for ground truth), allocated once
+    k, v: [L, N, Z, K, E] (Z = block size) in the shape's dtype (float32; float64 for ground truth), allocated once
     a sequence = a block table (block ids, in position order) + a length
-    position p of a sequence = block block_table[p // S], offset p % S
+    position p of a sequence = block block_table[p // Z], offset p % Z
 
 Blocks come from a free list and carry reference counts: ``fork`` shares
 every block of the source, and the first write into a shared block copies it
@@ -85,7 +85,7 @@ class PagedKVArena(KVCache):
         self.block_size = config.block_size
         self.num_blocks = self._arena_blocks(shape, config, max_context)
         arena_shape = (shape.num_layers, self.num_blocks, self.block_size, shape.num_kv_heads, shape.head_dim)
-        self.k = np.zeros(arena_shape, shape.dtype)  # [L, N, S, K, E]
+        self.k = np.zeros(arena_shape, shape.dtype)  # [L, N, Z, K, E]
         self.v = np.zeros(arena_shape, shape.dtype)
         self._kernels_read = self.k.dtype == np.float32
         if self._kernels_read:
