@@ -176,11 +176,11 @@ class WriteAfterForkShared(LlamaFamilyModel):
 
 class _LeakyTruncate(PagedKVArena):
     def truncate(self, seq_id, new_length):
-        self._release = lambda block: None  # the dropped blocks never return to the free list
+        self._pool.release = lambda block: None  # the dropped blocks never return to the free list
         try:
             super().truncate(seq_id, new_length)
         finally:
-            del self._release
+            del self._pool.release
 
 
 class TruncateForgetsToFree(LlamaFamilyModel):
