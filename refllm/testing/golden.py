@@ -216,7 +216,7 @@ def _check_logits(golden: Golden, i: int, backend: Backend, profile: Tolerance) 
         row = int(np.unravel_index(np.argmax(excess), excess.shape)[0])
         return False, (
             f"logits differ: max |Δ| {delta.max():.3g}, worst at position {chosen[row]}"
-            f" (allowed {profile.atol:g} + {profile.rtol:g}·|x|)"
+            f" (allowed {profile.describe()})"
         )
     return True, f"logits max |Δ| {delta.max():.2g} at {count(len(chosen), 'position')}"
 
@@ -238,7 +238,7 @@ def _check_hidden(golden: Golden, i: int, backend: Backend, profile: Tolerance) 
     if np.shape(states) != expected.shape:
         return False, f"hidden states have shape {np.shape(states)}, the golden's {expected.shape}"
     for index, (got, want) in enumerate(zip(states, expected)):
-        if not profile.close_scaled(got, want):
+        if not profile.close(got, want):
             return False, f"hidden states first diverge at {state_name(index)}"
     return True, "hidden states agree"
 

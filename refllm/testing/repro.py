@@ -11,7 +11,7 @@ import sys
 
 from refllm.testing.explain import Case
 from refllm.testing.factories import load_factory
-from refllm.testing.properties import ConformanceFailure
+from refllm.testing.compare import ConformanceFailure
 from refllm.testing.suite import PropertySkipped, run_case
 
 
