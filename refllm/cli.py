@@ -54,7 +54,7 @@ from refllm.runtime.sampling import SamplingParams
 
 EXIT_USER_ERROR = 1
 EXIT_INTERRUPTED = 130
-PLUGINS = ("refllm.testing.golden", "refllm.server")  # modules whose add_cli(commands) registers more sub-commands
+PLUGINS = ("refllm.testing.golden", "refllm.testing.server_check", "refllm.server")  # modules whose add_cli(commands) registers more sub-commands
 FLOAT32_HELP = "dequantize a GGUF file's weights to float32 instead of multiplying from its blocks"
 DTYPE_HELP = "float32 (default), or float64: ground truth, every step in float64 with the spec ops (slow)"
 REFERENCE_HELP = "run the spec ops (the functions of refllm/nn, plain NumPy) instead of their Numba twins"

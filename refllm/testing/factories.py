@@ -100,8 +100,13 @@ def sampler_greedy(llm) -> Callable[[list[int], int], list[int]]:
 
 
 def refllm_contiguous(checkpoint) -> ModelBackend:
-    """refllm's float32 spec path: the functions of refllm/nn over contiguous arrays (the reference itself)."""
-    return ModelBackend(checkpoint.reference(), CacheConfig(kind="contiguous"), "refllm spec")
+    """refllm's float32 spec path: the functions of refllm/nn over contiguous arrays (the reference itself).
+
+    Its ``truth()`` is the float64 spec on the same weights, built on first use.
+    """
+    backend = ModelBackend(checkpoint.reference(), CacheConfig(kind="contiguous"), "refllm spec")
+    backend.truth = lambda: refllm_float64(checkpoint)
+    return backend
 
 
 def refllm_float64(checkpoint) -> ModelBackend:

@@ -280,21 +280,28 @@ def long_horizon(
 ) -> None:
     """A long sequence, prefilled in chunks that end at ``cuts`` and then decoded, matches the reference.
 
-    The cuts are drawn near block, window and chunk edges, the length to hundreds of positions.
+    The cuts are drawn near block, window and chunk edges, the length to hundreds of positions. Over
+    hundreds of positions float32 itself drifts from the truth, so each position is compared with the
+    float64 truth, allowed the profile plus refllm's own float32 error there.
     """
     if chunking_matters(reference):
         raise Mismatch("long_horizon is not drawn for dynamic-NTK models")  # the runner never draws it
-    expected = reference.all_logits(tokens)
+    float32 = np.asarray(reference.all_logits(tokens), np.float64)
+    truth = reference.truth().all_logits(tokens)
+    own_error = np.abs(float32 - truth).max(-1, keepdims=True)  # [T, 1]
+
+    def compare(got, t: int, what: str) -> None:
+        widened = truth[t] + np.sign(np.asarray(got, np.float64) - truth[t]) * np.minimum(
+            np.abs(np.asarray(got, np.float64) - truth[t]), own_error[t]
+        )  # the part of the difference refllm's float32 spec shares is forgiven
+        compare_logits(got, widened, profile, what, tokens[: t + 1])
+
     start = 0
     for end in cuts:
-        compare_logits(
-            backend.prefill(0, tokens[start:end]), expected[end - 1], profile,
-            f"prefill(0, positions {start}..{end - 1})", tokens[:end],
-        )  # fmt: skip
+        compare(backend.prefill(0, tokens[start:end]), end - 1, f"prefill(0, positions {start}..{end - 1})")
         start = end
     for t in range(start, len(tokens)):
-        got = backend.decode(0, tokens[t])
-        compare_logits(got, expected[t], profile, f"decode(0, ...) at position {t}", tokens[: t + 1])
+        compare(backend.decode(0, tokens[t]), t, f"decode(0, ...) at position {t}")
     backend.release(0)
 
 
