@@ -43,11 +43,11 @@ class KLStatistics:
 
     def lines(self) -> list[str]:
         return [
-            f"KL divergence over {self.positions} positions: mean {self.mean:.6f} ± {self.stderr:.6f},"
-            f" median {self.median:.6f}, 90% {self.p90:.6f}, 95% {self.p95:.6f}, 99% {self.p99:.6f},"
-            f" 99.9% {self.p999:.6f}, max {self.max:.6f}",
-            f"same top token {100 * self.same_top:.2f}%; Δp of the next token: RMS {100 * self.rms_dp:.3f}%,"
-            f" max {100 * self.max_dp:.3f}%; perplexity ratio {self.ppl_ratio:.5f}",
+            f"KL divergence over {self.positions} positions: mean {self.mean:.4g} ± {self.stderr:.2g},"
+            f" median {self.median:.4g}, 90% {self.p90:.4g}, 95% {self.p95:.4g}, 99% {self.p99:.4g},"
+            f" 99.9% {self.p999:.4g}, max {self.max:.4g}",
+            f"same top token {100 * self.same_top:.2f}%; Δp of the next token: RMS {100 * self.rms_dp:.3g}%,"
+            f" max {100 * self.max_dp:.3g}%; perplexity ratio {self.ppl_ratio:.6g}",
         ]
 
 
