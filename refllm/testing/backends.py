@@ -31,6 +31,10 @@ from refllm.errors import InvalidInputError, UnknownSequenceError
 from refllm.kv.base import CacheConfig
 
 
+class Unsupported(Exception):
+    """Raised by a factory for a drawn model its backend cannot run: the kit draws another instead."""
+
+
 class NotABackendError(InvalidInputError):
     """An object that implements none of the contracts a backend may implement."""
 

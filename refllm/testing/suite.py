@@ -18,11 +18,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, given, reject, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
-from refllm.testing.backends import Backend, as_backend
+from refllm.testing.backends import Backend, Unsupported, as_backend
 from refllm.testing.checkpoint import Checkpoint
 from refllm.testing.configs import ARCHITECTURES, check_architectures, tiny_config_json
 from refllm.testing.explain import Case
@@ -112,7 +112,11 @@ def cases(
 def run_case(case: Case, factory: Callable, spec: str | None = None) -> None:
     """Build the backend for ``case``'s checkpoint and check the property; ConformanceFailure if it fails."""
     checkpoint = case.checkpoint()
-    backend = as_backend(factory(checkpoint))
+    try:
+        backend = as_backend(factory(checkpoint))
+    except Unsupported:
+        reject()  # a model the backend cannot express: hypothesis draws another
+
     reason = PROPERTIES[case.property].skip_reason(backend)
     if reason:
         raise PropertySkipped(reason)
@@ -120,8 +124,13 @@ def run_case(case: Case, factory: Callable, spec: str | None = None) -> None:
 
 
 def probe(factory: Callable, architectures: tuple[str, ...] = ARCHITECTURES) -> Backend:
-    """The backend ``factory`` builds for a tiny model: what its backends can do."""
-    return as_backend(factory(Checkpoint.random(tiny_config_json(architectures[0]))))
+    """The backend ``factory`` builds for a tiny model (the first architecture it accepts): what it can do."""
+    for architecture in architectures[:-1]:
+        try:
+            return as_backend(factory(Checkpoint.random(tiny_config_json(architecture))))
+        except Unsupported:
+            continue
+    return as_backend(factory(Checkpoint.random(tiny_config_json(architectures[-1]))))
 
 
 def skip_reasons(backend: Backend, names) -> dict[str, str]:
