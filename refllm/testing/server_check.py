@@ -10,7 +10,8 @@ where both put the same token first. Prompt log-probabilities (``echo``)
 are compared too where the server offers them. It cannot be checked for
 anything the wire does not carry: full logits, cache ids, batching, memory.
 
-The prompts go as token ids (so both sides see the same tokens); the
+The prompts go as token ids (so both sides see the same tokens; as their
+text, said in the output, to a server that takes only text); the
 reference is refllm's float32 spec over the same weights (``--reference``,
 default ``--model``), and tokens are compared as the text each id decodes to.
 """
@@ -70,12 +71,20 @@ class ServerCheck:
         self.tokenizer = checkpoint.tokenizer
         self.reference = refllm_contiguous(checkpoint)
         self.texts = [self.tokenizer.decode([i]) for i in range(checkpoint.config.vocab_size)]
+        self.prompt_as_text = False  # set when the server refuses token-id prompts
 
     def completion(self, ids: list[int], new_tokens: int, echo: bool = False) -> dict:
-        body = dict(model=self.model, prompt=ids, max_tokens=new_tokens, temperature=0.0, logprobs=self.top_k)
+        """The server's logprobs for ``ids``: sent as token ids, or as their text where the server takes only text."""
+        body = dict(model=self.model, max_tokens=new_tokens, temperature=0.0, logprobs=self.top_k)
         if echo:
             body |= dict(echo=True, max_tokens=1)
-        return post_json(f"{self.url}/completions", body)["choices"][0]["logprobs"]
+        if not self.prompt_as_text:
+            try:
+                return post_json(f"{self.url}/completions", body | dict(prompt=ids))["choices"][0]["logprobs"]
+            except ServerRefusedError:
+                self.prompt_as_text = True
+        text = self.tokenizer.decode(ids)
+        return post_json(f"{self.url}/completions", body | dict(prompt=text))["choices"][0]["logprobs"]
 
     def by_text(self, logits: np.ndarray) -> dict[str, float]:
         """Log-probabilities by token text; ids that decode alike keep the most likely."""
@@ -104,17 +113,20 @@ class ServerCheck:
             history.append(int(np.argmax(logits)))  # the token both sides chose
         return StepComparison(True, f"greedy {len(served['tokens'])}/{new_tokens} agree", kl, same)
 
-    def prompt_logprobs(self, ids: list[int]) -> float | None:
-        """Max |Δ| of the prompt tokens' log-probabilities, or None where the server does not echo them."""
+    def prompt_logprobs(self, ids: list[int]) -> str:
+        """How the server's log-probabilities of the prompt's own tokens compare (``echo``), in words."""
         try:
             served = self.completion(ids, 1, echo=True)
         except ServerRefusedError:
-            return None
-        values = [v for v in served.get("token_logprobs", [])[1 : len(ids)] if v is not None]
-        if len(values) != len(ids) - 1:
-            return None
+            return "not offered by the server"
+        echoed = served.get("tokens", [])[: len(ids)]
+        if echoed != [self.texts[i] for i in ids]:
+            return f"not compared: the server echoed other tokens ({echoed[:4]}...), it tokenized the text itself"
+        values = served.get("token_logprobs", [])[1 : len(ids)]
+        if len(values) != len(ids) - 1 or any(v is None for v in values):
+            return "not offered by the server"
         expected = log_softmax64(self.reference.all_logits(ids))[np.arange(len(ids) - 1), ids[1:]]
-        return float(np.abs(np.asarray(values) - expected).max())
+        return f"max |Δ| {np.abs(np.asarray(values) - expected).max():.3g} over {len(values)} prompt tokens"
 
 
 def top_k_kl(reference: dict[str, float], served: dict[str, float]) -> float:
@@ -165,8 +177,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     same = [v for r in results for v in r.same_top]
     print(f"top-{args.top_k} KL over {len(kl)} steps: mean {np.mean(kl):.4g}, max {np.max(kl):.4g};"
           f" same top token {100 * np.mean(same):.1f}%")  # fmt: skip
-    drift = check.prompt_logprobs(prompts[0])
-    print("prompt logprobs: not offered by the server" if drift is None else f"prompt logprobs: max |Δ| {drift:.3g}")
+    if check.prompt_as_text:
+        print("the server takes no token-id prompts: prompts were sent as text, which it tokenizes itself")
+    print(f"prompt logprobs: {check.prompt_logprobs(prompts[0])}")
     passed = sum(r.greedy_ok for r in results)
     print(f"{passed}/{len(results)} prompts pass")
     return 0 if passed == len(results) else 1
