@@ -43,7 +43,7 @@ def check_decode(backend, checkpoint, tokens, prompt_len, profile="float32"):
     check("decode", backend, checkpoint, profile, tokens=tokens, prompt_len=prompt_len)
 
 
-def check_batch(backend, checkpoint, prompts, steps, order=None, profile="float32"):
+def check_batch(backend, checkpoint, prompts, steps, profile="float32", order=None):
     order = list(range(len(prompts))) if order is None else order
     check("batch", backend, checkpoint, profile, prompts=prompts, steps=steps, order=order)
 
