@@ -232,7 +232,7 @@ def test_strategies_reach_every_architecture_and_flag():
 @settings(max_examples=4, deadline=None)
 @given(checkpoint=checkpoints())
 def test_checkpoint_in_memory_and_as_safetensors_are_the_same_model(checkpoint):
-    from_files = refllm.load_model(checkpoint.path)
+    from_files = refllm.load_model(checkpoint.path, reference=True)  # the spec ops, as checkpoint.reference()
     in_memory = checkpoint.reference()
     ids = np.arange(3, 12)[None]
     expected = in_memory.prefill_all_logits(ids, in_memory.create_kv_cache(), range(9))
