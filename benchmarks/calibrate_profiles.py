@@ -14,9 +14,9 @@ float64 (the truth) and in each arithmetic a backend may use:
     q4        the same with 4 bits (Q4_0's 16 levels)
 
 and records, per position, max |logits - truth| / std(truth) over the
-vocabulary. It prints the percentiles of that ratio per arithmetic; the
-profiles in ``refllm/testing/tolerances.py`` are their 99.9th percentile
-(worst observed for float32) times a margin, stated there.
+vocabulary. It prints the percentiles of that ratio per arithmetic; each
+profile in ``refllm/testing/tolerances.py`` is the worst ratio observed
+times a margin, both stated in its reason (docs/oracle.md has the table).
 """
 
 from __future__ import annotations
