@@ -54,6 +54,7 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 PLUGINS = (
     "refllm.testing.golden",
+    "refllm.testing.server_check",
     "refllm.commands.serve",
     "refllm.commands.models",
 )  # modules whose add_cli(commands) registers more sub-commands

@@ -14,9 +14,11 @@ import numpy as np
 
 from refllm.kv import CacheConfig
 from refllm.kv.paged import PagedKVArena
+from refllm.models.contract import InMemorySource
 from refllm.models.llama import LlamaFamilyModel
 from refllm.nn.rope import RopeTable, rotary_dims
-from refllm.testing.backends import ModelBackend
+from refllm.runtime.llm import LLM
+from refllm.testing.backends import LLMBackend, ModelBackend
 from refllm.testing.factories import BLOCK_SIZE
 
 
@@ -190,6 +192,157 @@ class TruncateForgetsToFree(LlamaFamilyModel):
         return _LeakyTruncate(self.cache_shape, config or CacheConfig(), self.config.context_length)
 
 
+# --- found only by the draws of issue 16: dynamic NTK, long horizons, large weights, special ids --------
+
+
+class DynamicNtkStaticBase(LlamaFamilyModel):
+    """Dynamic NTK scaling ignored: the RoPE base never grows past max_position_embeddings."""
+
+    def __init__(self, config, weights, tokenizer=None, *args):
+        super().__init__(config, weights, tokenizer, *args)
+        for layer_type, params in config.rope.items():
+            if params.rope_type == "dynamic":
+                static = replace(params, rope_type="default")
+                self.rope_tables[layer_type] = RopeTable(static, config.head_dim, config.max_position_embeddings)
+
+
+class RopeTableOf32(LlamaFamilyModel):
+    """RoPE angles from a table of 32 positions: every position past 31 is rotated as position 31."""
+
+    def decoder_layer(self, layer, w, x, positions, cache, seq_ids):
+        return super().decoder_layer(layer, w, x, np.minimum(positions, 31), cache, seq_ids)
+
+
+def _softmax_without_max(q, k, v, query_positions, scale, window=None, softcap=None):
+    """The spec attention with exp(score) / sum(exp(score)): overflows once scores pass 88."""
+    group = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    scores = np.einsum("the,she->hts", q, k) * np.float32(scale)
+    if softcap is not None:
+        scores = softcap * np.tanh(scores / softcap)
+    distance = query_positions[:, None] - np.arange(k.shape[0])[None, :]
+    allowed = (distance >= 0) & (distance < window if window is not None else True)
+    with np.errstate(over="ignore", invalid="ignore"):
+        weights = np.where(allowed[None], np.exp(scores), 0)
+        weights = weights / weights.sum(-1, keepdims=True)
+    return np.einsum("hts,she->the", weights, v).astype(q.dtype)
+
+
+class _UnshiftedSoftmax(_CacheProxy):
+    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=None):
+        return self.inner.attention(layer, seq_ids, q, scale, window, softcap, _softmax_without_max)
+
+
+class SoftmaxWithoutMax(LlamaFamilyModel):
+    """Softmax without subtracting the max score: large attention scores overflow to inf, then NaN."""
+
+    def create_kv_cache(self, config=None):
+        return _UnshiftedSoftmax(super().create_kv_cache(config))
+
+
+class PadEmbeddingZeroed(LlamaFamilyModel):
+    """Token id 0 (pad) embeds as zeros, as if a padding mask were applied to real input."""
+
+    def __init__(self, config, weights, tokenizer=None, *args):
+        embed = weights.embed_tokens.copy()
+        embed[0] = 0
+        super().__init__(config, replace(weights, embed_tokens=embed), tokenizer, *args)
+
+
+def _stray_lm_head(checkpoint) -> ModelBackend:
+    """A tied checkpoint's stray lm_head.weight used as the LM head (tied means the embedding table)."""
+    untied = checkpoint.config.with_overrides(tie_word_embeddings=False)
+    tensors = dict(checkpoint.tensors)
+    tensors.setdefault("lm_head.weight", tensors["model.embed_tokens.weight"])
+    model = LlamaFamilyModel.load(InMemorySource(untied, tensors))
+    return ModelBackend(model, CacheConfig(kind="contiguous"), "StrayLmHead")
+
+
+def _greedy_skips_last_id(llm):
+    def greedy(tokens, new_tokens):
+        cache_id, chosen = "greedy", []
+        logits = llm.prefill(cache_id, tokens)
+        for step in range(new_tokens):
+            chosen.append(int(np.argmax(logits[:-1])))  # the range stops one id short
+            if step + 1 < new_tokens:
+                logits = llm.decode(cache_id, chosen[-1], len(tokens) + step)
+        llm.release(cache_id)
+        return chosen
+
+    return greedy
+
+
+class DroppedQkvBias(LlamaFamilyModel):
+    """The q, k and v projection biases are never added."""
+
+    def __init__(self, config, weights, tokenizer=None, *args):
+        layers = [replace(w, q_proj_bias=None, k_proj_bias=None, v_proj_bias=None) for w in weights.layers]
+        super().__init__(config, replace(weights, layers=layers), tokenizer, *args)
+
+
+# --- runtimes whose bookkeeping is wrong (seen through LLMBackend) --------------------------------
+
+
+class _LLMProxy:
+    def __init__(self, inner: LLM):
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+class AcceptsDecodeOnUnknownId(_LLMProxy):
+    """decode on a cache id never prefilled starts a sequence instead of refusing."""
+
+    def decode(self, cache_id, token, pos):
+        if cache_id not in self.inner:
+            return self.inner.prefill(cache_id, [token])
+        return self.inner.decode(cache_id, token, pos)
+
+
+class ReleaseKeepsKV(_LLMProxy):
+    """release forgets the id but keeps its KV: a prefill that reuses the id continues the old sequence."""
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self.released = set()
+
+    def prefill(self, cache_id, tokens):
+        self.released.discard(cache_id)
+        return self.inner.prefill(cache_id, tokens)
+
+    def decode(self, cache_id, token, pos):
+        if cache_id in self.released:
+            raise KeyError(f"cache id {cache_id} was released")
+        return self.inner.decode(cache_id, token, self.inner.length(cache_id))
+
+    def release(self, cache_id):
+        if cache_id in self.released or cache_id not in self.inner:
+            raise KeyError(f"unknown cache id {cache_id}")
+        self.released.add(cache_id)
+
+    def reset(self):
+        self.inner.reset()
+        self.released.clear()
+
+
+class BatchRowsSorted(_LLMProxy):
+    """decode_batch returns its rows ordered by cache id, not in the order they were asked for."""
+
+    def decode_batch(self, items):
+        rows = self.inner.decode_batch(items)
+        order = sorted(range(len(items)), key=lambda row: str(items[row][0]))
+        return [rows[row] for row in order]
+
+
+def _paged_llm(checkpoint) -> LLM:
+    return LLM(LlamaFamilyModel.load(checkpoint), CacheConfig(kind="paged", block_size=BLOCK_SIZE))
+
+
+def _llm_backend(proxy_class, checkpoint) -> LLMBackend:
+    return LLMBackend(proxy_class(_paged_llm(checkpoint)), proxy_class.__name__)
+
+
 def rope_base_off(checkpoint):
     return _backend(RopeBaseOff, checkpoint)
 
@@ -238,6 +391,47 @@ def unchecked_token_ids(checkpoint):
     return _backend(UncheckedTokenIds, checkpoint)
 
 
+def dynamic_ntk_static_base(checkpoint):
+    return _backend(DynamicNtkStaticBase, checkpoint)
+
+
+def rope_table_of_32(checkpoint):
+    return _backend(RopeTableOf32, checkpoint, "paged")
+
+
+def softmax_without_max(checkpoint):
+    return _backend(SoftmaxWithoutMax, checkpoint)
+
+
+def pad_embedding_zeroed(checkpoint):
+    return _backend(PadEmbeddingZeroed, checkpoint)
+
+
+def stray_lm_head(checkpoint):
+    return _stray_lm_head(checkpoint)
+
+
+def greedy_skips_last_id(checkpoint):
+    llm = _paged_llm(checkpoint)
+    return LLMBackend(llm, "GreedySkipsLastId", greedy=_greedy_skips_last_id(llm))
+
+
+def dropped_qkv_bias(checkpoint):
+    return _backend(DroppedQkvBias, checkpoint)
+
+
+def accepts_decode_on_unknown_id(checkpoint):
+    return _llm_backend(AcceptsDecodeOnUnknownId, checkpoint)
+
+
+def release_keeps_kv(checkpoint):
+    return _llm_backend(ReleaseKeepsKV, checkpoint)
+
+
+def batch_rows_sorted(checkpoint):
+    return _llm_backend(BatchRowsSorted, checkpoint)
+
+
 MUTANTS = [
     rope_base_off,
     interleaved_rope,
@@ -251,4 +445,23 @@ MUTANTS = [
     truncate_forgets_to_free,
     batch_rows_share_keys,
     unchecked_token_ids,
+    dynamic_ntk_static_base,
+    rope_table_of_32,
+    softmax_without_max,
+    pad_embedding_zeroed,
+    stray_lm_head,
+    greedy_skips_last_id,
+    dropped_qkv_bias,
+    accepts_decode_on_unknown_id,
+    release_keeps_kv,
+    batch_rows_sorted,
 ]
+
+# The property each mutant of issue 16 must be reported by: the one whose call exposes the bug.
+EXPECTED_PROPERTY = {
+    "rope_table_of_32": "long_horizon",
+    "greedy_skips_last_id": "own_greedy",
+    "accepts_decode_on_unknown_id": "errors",
+    "release_keeps_kv": "schedule",
+    "batch_rows_sorted": "batch",
+}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -51,7 +52,8 @@ def _assert_all_pass(results, allowed_skips=()):
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_numba_paged_path_conforms_to_the_spec(arch):
-    _assert_all_pass(run_conformance(refllm_paged, max_examples=6, architectures=(arch,), **FAST))
+    results = run_conformance(refllm_paged, max_examples=6, architectures=(arch,), **FAST)
+    _assert_all_pass(results, allowed_skips=("own_greedy",))  # a GenerativeModel has no sampler
 
 
 def test_runtime_llm_conforms_to_the_spec():
@@ -78,7 +80,8 @@ def test_a_failure_shrinks_and_names_the_first_divergent_layer_and_a_repro(capsy
         run_properties(["logits"], mutants.rope_base_off, max_examples=50, **FAST)
     report = str(failure.value)
     assert "property 'logits' fails on backend 'RopeBaseOff'" in report
-    assert "1 layer," in report and '"tokens": [3, 4]' in report  # shrunk to one layer, two tokens
+    drawn = json.loads(report.split("input:  ")[1].splitlines()[0])
+    assert "1 layer," in report and len(drawn["tokens"]) == 2  # shrunk to one layer, two tokens
     assert "first diverge at the output of layer 0" in report
     repro = report.split("repro:  ")[1]
     argv = repro.split(" ", 4)  # python -m refllm.testing.repro --backend SPEC 'CASE'
@@ -139,7 +142,8 @@ def test_every_profile_says_why():
     assert set(PROFILES) == {"float32", "float16", "bfloat16", "int8", "q4"}
     for profile in PROFILES.values():
         assert len(profile.reason) > 80 and profile.top_n >= 2
-    assert get_profile("bfloat16").atol > get_profile("float16").atol > get_profile("float32").atol
+    tolerances = [get_profile(name).spread_tol for name in ("q4", "int8", "bfloat16", "float16", "float32")]
+    assert tolerances == sorted(tolerances, reverse=True)
     with pytest.raises(UnknownProfileError, match="'fp8'"):
         get_profile("fp8")
 
@@ -228,7 +232,7 @@ def test_strategies_reach_every_architecture_and_flag():
 @settings(max_examples=4, deadline=None)
 @given(checkpoint=checkpoints())
 def test_checkpoint_in_memory_and_as_safetensors_are_the_same_model(checkpoint):
-    from_files = refllm.load_model(checkpoint.path, reference=True)
+    from_files = refllm.load_model(checkpoint.path, reference=True)  # the spec ops, as checkpoint.reference()
     in_memory = checkpoint.reference()
     ids = np.arange(3, 12)[None]
     expected = in_memory.prefill_all_logits(ids, in_memory.create_kv_cache(), range(9))
@@ -250,6 +254,6 @@ def test_pytest_plugin_runs_the_suite_and_explains_failures():
         command, cwd=ROOT, capture_output=True, text=True, env=os.environ | {"PYTHONPATH": str(ROOT)}
     )
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "test_property[memory]" in result.stdout and "1 failed, 9 passed" in result.stdout
+    assert "test_property[memory]" in result.stdout and "1 failed, 10 passed, 1 skipped" in result.stdout
     assert "property 'memory' fails on backend 'TruncateForgetsToFree'" in result.stdout
     assert "was refused" in result.stdout and "repro:  python -m refllm.testing.repro" in result.stdout

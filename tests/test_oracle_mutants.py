@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from refllm.testing import first_failure
-from tests.mutants import MUTANTS
+from tests.mutants import EXPECTED_PROPERTY, MUTANTS
 
 MAX_CASES_PER_PROPERTY = 40
 
@@ -12,7 +12,11 @@ def test_every_mutant_is_caught():
     lines, missed = [], []
     for mutant in MUTANTS:
         failure, cases = first_failure(mutant, max_examples=MAX_CASES_PER_PROPERTY, threads=1)
-        if failure is None:
+        expected = EXPECTED_PROPERTY.get(mutant.__name__)
+        if failure is not None and expected and failure.property != expected:
+            missed.append(f"{mutant.__name__} (reported by {failure.property}, not {expected})")
+            lines.append(f"  {mutant.__name__:28} BLAMED on {failure.property}, not {expected}")
+        elif failure is None:
             missed.append(mutant.__name__)
             lines.append(f"  {mutant.__name__:28} MISSED after {cases} cases")
         else:

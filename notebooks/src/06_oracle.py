@@ -70,7 +70,8 @@ class ToyBackend(Backend):
 
     def all_logits(self, tokens):
         """[T] -> [T, V]."""
-        head = self.t.get("lm_head.weight", self.t["model.embed_tokens.weight"])  # tied embeddings
+        tied = self.c.tie_word_embeddings  # tied: the head is the embedding table, whatever else is stored
+        head = self.t["model.embed_tokens.weight" if tied else "lm_head.weight"]
         x = rms_norm(self.layer_states(tokens)[-1], self.t["model.norm.weight"], self.c.rms_norm_eps)
         return linear(x, head)
 

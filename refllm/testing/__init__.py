@@ -21,11 +21,7 @@ runner need hypothesis, ``hf`` needs torch and transformers.
 
 from refllm.testing.backends import Backend, CallableBackend, LLMBackend, ModelBackend, as_backend, refllm_layer_states
 from refllm.testing.checkpoint import Checkpoint
-from refllm.testing.factories import load_factory, refllm_contiguous, refllm_float64, refllm_llm, refllm_paged
-from refllm.testing.greedy import GreedyComparison, compare_greedy, compare_greedy_outputs, greedy_tokens
-from refllm.testing.properties import (
-    PROPERTIES,
-    ConformanceFailure,
+from refllm.testing.checks import (
     check,
     check_batch,
     check_branches,
@@ -34,10 +30,16 @@ from refllm.testing.properties import (
     check_errors,
     check_greedy,
     check_logits,
+    check_long_horizon,
     check_memory,
+    check_own_greedy,
     check_schedule,
     check_truncate,
 )
+from refllm.testing.compare import ConformanceFailure
+from refllm.testing.factories import load_factory, refllm_contiguous, refllm_float64, refllm_llm, refllm_paged
+from refllm.testing.greedy import GreedyComparison, compare_greedy, compare_greedy_outputs, greedy_tokens
+from refllm.testing.properties import PROPERTIES
 from refllm.testing.tolerances import PROFILES, Tolerance, get_profile
 from refllm.testing.truth import ErrorAgainstTruth, error_against_truth
 
@@ -73,7 +75,9 @@ __all__ = [
     "check_errors",
     "check_greedy",
     "check_logits",
+    "check_long_horizon",
     "check_memory",
+    "check_own_greedy",
     "check_schedule",
     "check_truncate",
     "compare_greedy",

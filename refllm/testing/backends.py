@@ -21,6 +21,7 @@ Shapes: ``T`` tokens, ``V`` vocabulary, ``B`` batch rows, ``L`` layers, ``D`` hi
 from __future__ import annotations
 
 import inspect
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -28,6 +29,10 @@ import numpy as np
 
 from refllm.errors import InvalidInputError, UnknownSequenceError
 from refllm.kv.base import CacheConfig
+
+
+class Unsupported(Exception):
+    """Raised by a factory for a drawn model its backend cannot run: the kit draws another instead."""
 
 
 class NotABackendError(InvalidInputError):
@@ -45,6 +50,8 @@ class Backend:
     has_cache_ids = True  # prefill/decode/release by cache id
     can_truncate = False
     can_fork = False
+    can_greedy = False  # picks greedy tokens itself (``greedy``)
+    _scratch_ids = itertools.count(2**31 - 1, -1)  # fresh ids for stateless calls: never a reused one
 
     def all_logits(self, tokens: Sequence[int]) -> np.ndarray:
         """A fresh sequence -> logits at every position, [T, V]."""
@@ -84,6 +91,23 @@ class Backend:
         """One prompt forked into B branches, each fed its own continuation (n tokens each) -> [B, n, V]."""
         raise NotImplementedError
 
+    def greedy(self, tokens: Sequence[int], new_tokens: int) -> list[int]:
+        """The backend's own greedy continuation of a fresh sequence: ``new_tokens`` ids it chose."""
+        raise NotImplementedError
+
+    def replay(self, calls: Sequence[tuple]) -> np.ndarray:
+        """A fresh sequence fed ``calls`` (("prefill", tokens) or ("truncate", length)) in turn -> last logits [V]."""
+        cache_id = next(self._scratch_ids)
+        try:
+            for op, arg in calls:
+                if op == "prefill":
+                    logits = self.prefill(cache_id, arg)
+                else:
+                    self.truncate(cache_id, arg)
+        finally:
+            self.release(cache_id)
+        return logits
+
     def layer_states(self, tokens: Sequence[int]) -> np.ndarray | None:
         """Hidden states entering layer 0 and leaving every layer, [L + 1, T, D], or None if not exposed."""
         return None
@@ -111,6 +135,8 @@ class ModelBackend(Backend):
         probe = model.create_kv_cache(cache_config)
         self.can_truncate = callable(getattr(probe, "truncate", None))
         self.can_fork = callable(getattr(probe, "fork", None))
+        self._greedy = _find_method(model, ("greedy",))
+        self.can_greedy = self._greedy is not None
 
     def _new_cache(self):
         return self._idle.pop() if self._idle else self.model.create_kv_cache(self.cache_config)
@@ -162,6 +188,9 @@ class ModelBackend(Backend):
     def truncate(self, cache_id, length):
         self._live(cache_id).truncate(0, length)
 
+    def greedy(self, tokens, new_tokens):
+        return list(self._greedy(list(tokens), new_tokens))
+
     def branches(self, prompt, continuations):
         cache = self.model.create_kv_cache(self.cache_config)
         self.model.prefill(_ids([prompt]), cache, range(len(prompt)))
@@ -209,29 +238,42 @@ class LLMBackend(Backend):
     """A DecoderOnlyLLM: cache ids map straight onto the LLM's own; positions are tracked here.
 
     ``truncate`` is found as ``truncate_kv`` or ``truncate`` on the LLM or on its
-    ``executor``; ``fork`` likewise. Stateless calls run on a scratch cache id.
-    ``with_capacity(tokens) -> LLM``, if given, builds a fresh LLM whose KV
-    storage holds that many tokens (for the ``memory`` property).
+    ``executor``; ``fork`` likewise; ``greedy(tokens, new_tokens) -> ids`` (the
+    LLM's own greedy decoding, for ``own_greedy``) likewise, or given here.
+    Stateless calls run on fresh scratch cache ids, so reusing a released id
+    is exercised only where a property means to.
+
+    ``with_capacity(tokens) -> LLM`` builds a fresh LLM whose KV storage holds
+    that many tokens. The ``memory`` property needs it: a bare DecoderOnlyLLM
+    cannot be bounded from outside, so without it ``memory`` is skipped (and
+    the skip says so).
     """
 
-    SCRATCH_ID = 2**31 - 1
-
-    def __init__(self, llm, name: str | None = None, with_capacity: Callable[[int], object] | None = None):
+    def __init__(
+        self,
+        llm,
+        name: str | None = None,
+        with_capacity: Callable[[int], object] | None = None,
+        greedy: Callable[[list[int], int], Sequence[int]] | None = None,
+    ):
         self.llm = llm
         self.name = name or type(llm).__name__
         self._with_capacity = with_capacity
         self._lengths: dict[int, int] = {}
         self._truncate = _find_method(llm, ("truncate_kv", "truncate"))
         self._fork = _find_method(llm, ("fork",))
+        self._greedy = greedy or _find_method(llm, ("greedy",))
         self.can_truncate = self._truncate is not None
         self.can_fork = self._fork is not None
+        self.can_greedy = self._greedy is not None
 
     def all_logits(self, tokens):
         return np.stack([self.last_logits(tokens[: t + 1]) for t in range(len(tokens))])
 
     def last_logits(self, tokens):
-        logits = np.asarray(self.llm.prefill(self.SCRATCH_ID, list(tokens)))
-        self.llm.release(self.SCRATCH_ID)
+        cache_id = next(self._scratch_ids)
+        logits = np.asarray(self.llm.prefill(cache_id, list(tokens)))
+        self.llm.release(cache_id)
         return logits
 
     def prefill(self, cache_id, tokens):
@@ -239,15 +281,16 @@ class LLMBackend(Backend):
         self._lengths[cache_id] = self._lengths.get(cache_id, 0) + len(tokens)
         return logits
 
+    # The bookkeeping never raises: a call the LLM wrongly accepts must be reported as that call.
     def decode(self, cache_id, token):
         logits = np.asarray(self.llm.decode(cache_id, token, self._lengths.get(cache_id, 0)))
-        self._lengths[cache_id] += 1
+        self._lengths[cache_id] = self._lengths.get(cache_id, 0) + 1
         return logits
 
     def decode_batch(self, pairs):
         logits = np.asarray(self.llm.decode_batch([(i, t, self._lengths.get(i, 0)) for i, t in pairs]))
         for cache_id, _ in pairs:
-            self._lengths[cache_id] += 1
+            self._lengths[cache_id] = self._lengths.get(cache_id, 0) + 1
         return logits
 
     def release(self, cache_id):
@@ -262,8 +305,11 @@ class LLMBackend(Backend):
         self._truncate(cache_id, length)
         self._lengths[cache_id] = length
 
+    def greedy(self, tokens, new_tokens):
+        return list(self._greedy(list(tokens), new_tokens))
+
     def branches(self, prompt, continuations):
-        ids = [self.SCRATCH_ID - row for row in range(len(continuations))]
+        ids = [next(self._scratch_ids) for _ in continuations]
         try:
             self.prefill(ids[0], prompt)
             for cache_id in ids[1:]:
@@ -290,7 +336,9 @@ class LLMBackend(Backend):
     def bounded(self, capacity):
         if self._with_capacity is None:
             return None
-        return LLMBackend(self._with_capacity(capacity), f"{self.name} ({capacity} tokens)", self._with_capacity)
+        return LLMBackend(
+            self._with_capacity(capacity), f"{self.name} ({capacity} tokens)", self._with_capacity, self._greedy
+        )
 
 
 class CallableBackend(Backend):

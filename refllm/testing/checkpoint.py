@@ -39,15 +39,27 @@ class Checkpoint:
         self._source = source
         self._path: Path | None = getattr(source, "directory", None)
         self._models: dict[str, Any] = {}  # the reference models, by dtype
+        self.weight_options: dict[str, Any] = {}  # Checkpoint.random's std and lm_head, to rebuild a drawn case
 
     @classmethod
-    def random(cls, config_json: dict[str, Any], seed: int = 0) -> Checkpoint:
-        """Seeded N(0, 0.1) weights (norm weights near 1) for a config.json dict."""
+    def random(cls, config_json: dict[str, Any], seed: int = 0, std: float = 0.1, lm_head: bool = False) -> Checkpoint:
+        """Seeded N(0, std) weights (norm weights near 1) for a config.json dict.
+
+        ``lm_head``: a tied config's checkpoint also carries an ``lm_head.weight`` of its own, which
+        a correct backend ignores (tied means the LM head is the embedding table).
+        """
         from refllm.models.contract import InMemorySource
 
         config = ModelConfig.from_hf(config_json)
-        source = InMemorySource(config, random_tensors(config, seed))
-        return cls(dict(config_json), source, f"random weights, seed {seed}", seed)
+        tensors = random_tensors(config, seed, std)
+        stray = lm_head and config.tie_word_embeddings
+        if stray:
+            rng = np.random.default_rng(seed + 1)
+            tensors["lm_head.weight"] = rng.normal(0.0, std, tensors["model.embed_tokens.weight"].shape).astype(np.float32)
+        description = f"random weights, seed {seed}" + (f", std {std:g}" if std != 0.1 else "")
+        checkpoint = cls(dict(config_json), InMemorySource(config, tensors), description + (", stray lm_head" if stray else ""), seed)
+        checkpoint.weight_options = {"std": std, "lm_head": lm_head}
+        return checkpoint
 
     @classmethod
     def open(cls, name_or_path: str | Path, dtype: str = "float32") -> Checkpoint:

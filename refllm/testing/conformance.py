@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from refllm.testing.properties import PROPERTIES, ConformanceFailure
+from refllm.testing.compare import ConformanceFailure
+from refllm.testing.properties import PROPERTIES
 from refllm.testing.suite import PropertySkipped, run_properties
 
 

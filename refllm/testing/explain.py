@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -40,6 +40,7 @@ class Case:
     seed: int | None
     profile: str
     args: dict[str, Any]
+    weights: dict[str, Any] = field(default_factory=dict)  # Checkpoint.random's std and lm_head
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -51,7 +52,7 @@ class Case:
     def checkpoint(self) -> Checkpoint:
         if self.config_json is None or self.seed is None:
             raise ValueError(f"case for property {self.property!r} has no random checkpoint to rebuild")
-        return Checkpoint.random(self.config_json, self.seed)
+        return Checkpoint.random(self.config_json, self.seed, **self.weights)
 
 
 def count(n: int, noun: str) -> str:
@@ -104,7 +105,7 @@ def first_divergent_layer(backend: Backend, reference: Backend, tokens: list[int
     subject = "that token" if len(tokens) == 1 else f"those {len(tokens)} tokens in one shot"
     prefix = f"prefilling {subject},"
     for index, (got, want) in enumerate(zip(states, expected)):
-        if not profile.close_scaled(got, want):
+        if not profile.close(got, want):
             delta = np.abs(got - want)  # [T, D]
             position = int(np.unravel_index(np.argmax(delta), delta.shape)[0])
             agreed = f"match the reference through {state_name(index - 1)} and " if index else ""

@@ -76,12 +76,37 @@ def refllm_llm(checkpoint) -> LLMBackend:
     def with_capacity(tokens: int) -> LLM:
         return LLM(model, CacheConfig(kind="paged", block_size=BLOCK_SIZE, num_blocks=tokens // BLOCK_SIZE))
 
-    return LLMBackend(LLM(model, CacheConfig(kind="paged", block_size=BLOCK_SIZE)), "refllm LLM", with_capacity)
+    llm = LLM(model, CacheConfig(kind="paged", block_size=BLOCK_SIZE))
+    return LLMBackend(llm, "refllm LLM", with_capacity, sampler_greedy(llm))
+
+
+def sampler_greedy(llm) -> Callable[[list[int], int], list[int]]:
+    """The runtime choosing greedy tokens itself: its Sampler at temperature 0 over ``llm``'s logits."""
+    from refllm.runtime.sampling import Sampler, SamplingParams
+
+    def greedy(tokens: list[int], new_tokens: int) -> list[int]:
+        sampler, chosen, cache_id = Sampler(SamplingParams(temperature=0.0)), [], "greedy"
+        logits = llm.prefill(cache_id, tokens)
+        try:
+            for step in range(new_tokens):
+                chosen.append(sampler(logits, tokens, chosen).token)
+                if step + 1 < new_tokens:
+                    logits = llm.decode(cache_id, chosen[-1], len(tokens) + step)
+        finally:
+            llm.release(cache_id)
+        return chosen
+
+    return greedy
 
 
 def refllm_contiguous(checkpoint) -> ModelBackend:
-    """refllm's float32 spec path: the functions of refllm/nn over contiguous arrays (the reference itself)."""
-    return ModelBackend(checkpoint.reference(), CacheConfig(kind="contiguous"), "refllm spec")
+    """refllm's float32 spec path: the functions of refllm/nn over contiguous arrays (the reference itself).
+
+    Its ``truth()`` is the float64 spec on the same weights, built on first use.
+    """
+    backend = ModelBackend(checkpoint.reference(), CacheConfig(kind="contiguous"), "refllm spec")
+    backend.truth = lambda: refllm_float64(checkpoint)
+    return backend
 
 
 def refllm_float64(checkpoint) -> ModelBackend:

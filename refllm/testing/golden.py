@@ -31,6 +31,7 @@ from refllm.testing.checkpoint import Checkpoint
 from refllm.testing.explain import count, state_name
 from refllm.testing.factories import load_factory, refllm_contiguous, refllm_float64
 from refllm.testing.greedy import compare_greedy_outputs, greedy_tokens, top_candidates
+from refllm.testing.kld import KLStatistics, kl_statistics
 from refllm.testing.tolerances import PROFILES, Tolerance, get_profile
 
 FORMAT = "refllm-golden"
@@ -192,23 +193,42 @@ class PromptReport:
     index: int
     ok: bool
     line: str
+    logits: np.ndarray | None = None  # the backend's [P, V] at the stored positions that have a next token
+    expected: np.ndarray | None = None  # the golden's, the same rows
+    next_tokens: np.ndarray | None = None  # [P]
 
 
 def check_prompt(golden: Golden, i: int, backend: Backend, profile: Tolerance) -> PromptReport:
     """Compare one prompt's stored outputs with the backend's."""
     ids = golden.require(i, "token_ids").tolist()
-    results = [_check_logits(golden, i, backend, profile), _check_greedy(golden, i, backend, profile)]
+    chosen, expected = golden.require(i, "positions"), golden.require(i, "logits")  # [P], [P, V]
+    actual = np.asarray(backend.all_logits(ids))[chosen]
+    results = [_check_logits(actual, chosen, expected, profile), _check_greedy(golden, i, backend, profile)]
     if golden.get(i, "hidden_states") is not None:
         results.append(_check_hidden(golden, i, backend, profile))
     ok = all(passed for passed, _ in results)
     text = golden_prompts(golden)[i]
     label = f"prompt {i} ({count(len(ids), 'token')}{', ' + repr(text[:30]) if text else ''})"
-    return PromptReport(i, ok, f"{label} {'ok' if ok else 'FAIL'}: " + "; ".join(finding for _, finding in results))
+    line = f"{label} {'ok' if ok else 'FAIL'}: " + "; ".join(finding for _, finding in results)
+    inner = chosen < len(ids) - 1
+    if actual.shape != expected.shape:
+        return PromptReport(i, ok, line)
+    return PromptReport(i, ok, line, actual[inner], expected[inner], np.asarray(ids)[chosen[inner] + 1])
 
 
-def _check_logits(golden: Golden, i: int, backend: Backend, profile: Tolerance) -> tuple[bool, str]:
-    chosen, expected = golden.require(i, "positions"), golden.require(i, "logits")  # [P], [P, V]
-    actual = np.asarray(backend.all_logits(golden.require(i, "token_ids").tolist()))[chosen]
+def golden_kl(reports: list[PromptReport]) -> KLStatistics | None:
+    """KL statistics over the stored positions (those with a next token) of every prompt; None if there are none."""
+    usable = [r for r in reports if r.logits is not None and len(r.logits)]
+    if not usable:
+        return None
+    return kl_statistics(
+        np.concatenate([r.logits for r in usable]),
+        np.concatenate([r.expected for r in usable]),
+        np.concatenate([r.next_tokens for r in usable]),
+    )
+
+
+def _check_logits(actual: np.ndarray, chosen: np.ndarray, expected: np.ndarray, profile: Tolerance) -> tuple[bool, str]:
     if actual.shape != expected.shape:
         return False, f"logits have shape {actual.shape}, the golden's {expected.shape}"
     excess, delta = profile.excess(actual, expected), np.abs(actual - expected)
@@ -216,7 +236,7 @@ def _check_logits(golden: Golden, i: int, backend: Backend, profile: Tolerance) 
         row = int(np.unravel_index(np.argmax(excess), excess.shape)[0])
         return False, (
             f"logits differ: max |Δ| {delta.max():.3g}, worst at position {chosen[row]}"
-            f" (allowed {profile.atol:g} + {profile.rtol:g}·|x|)"
+            f" (allowed {profile.describe()})"
         )
     return True, f"logits max |Δ| {delta.max():.2g} at {count(len(chosen), 'position')}"
 
@@ -238,7 +258,7 @@ def _check_hidden(golden: Golden, i: int, backend: Backend, profile: Tolerance) 
     if np.shape(states) != expected.shape:
         return False, f"hidden states have shape {np.shape(states)}, the golden's {expected.shape}"
     for index, (got, want) in enumerate(zip(states, expected)):
-        if not profile.close_scaled(got, want):
+        if not profile.close(got, want):
             return False, f"hidden states first diverge at {state_name(index)}"
     return True, "hidden states agree"
 
@@ -329,5 +349,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     for report in reports:
         print(report.line)
     passed = sum(r.ok for r in reports)
+    statistics = golden_kl(reports)
+    if statistics is not None:
+        print(f"against the golden's {golden.metadata.get('dtype', 'float32')} logits:")
+        for line in statistics.lines():
+            print(f"  {line}")
     print(f"{passed}/{len(reports)} prompts pass")
     return 0 if passed == len(reports) else 1

@@ -91,12 +91,13 @@ class TransformersBackend(Backend):
         self._sequences.clear()
 
     def truncate(self, cache_id, length):
-        _, seen = self._live(cache_id)
+        cache, seen = self._live(cache_id)
         if not 0 <= length <= len(seen):
             raise InvalidInputError(f"cannot truncate cache id {cache_id} of length {len(seen)} to {length}")
-        del self._sequences[cache_id]
-        if length:
-            self.prefill(cache_id, seen[:length])
+        if length:  # crop, not re-prefill: the kept keys stay as rotated (dynamic NTK rotates a re-prefill anew)
+            if length < len(seen):
+                cache.crop(length - len(seen))  # transformers 5 crops by a negative count of tokens to drop
+            self._sequences[cache_id] = (cache, seen[:length])
         else:
             from transformers import DynamicCache
 
@@ -140,7 +141,10 @@ def transformers_backend(checkpoint) -> TransformersBackend:
 
     config = transformers.AutoConfig.for_model(**checkpoint.config_json)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
-    state = {name: torch.from_numpy(np.array(array)) for name, array in checkpoint.tensors.items()}
+    tensors = checkpoint.tensors
+    if checkpoint.config.tie_word_embeddings:  # tied: the head is the embedding table; a stray lm_head is ignored
+        tensors.pop("lm_head.weight", None)
+    state = {name: torch.from_numpy(np.array(array)) for name, array in tensors.items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [m for m in missing if not (m == "lm_head.weight" and config.tie_word_embeddings)]
     if missing or unexpected:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from refllm.testing.compare import ConformanceFailure
 from refllm.testing.explain import Case
 from refllm.testing.factories import load_factory
-from refllm.testing.properties import ConformanceFailure
 from refllm.testing.suite import PropertySkipped, run_case
 
 

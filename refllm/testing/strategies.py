@@ -8,8 +8,12 @@ layer-type patterns, and RMSNorm epsilons large enough that misplacing one
 shows in the logits.
 
 ``hf_configs()`` draws ``config.json`` dicts that both refllm and transformers
-read; ``checkpoints()`` adds seeded random weights. Token ids start at 3 so
-that no drawn prompt contains the special tokens 0..2 (pad, bos, eos).
+read; ``checkpoints()`` adds seeded random weights, their scale drawn over
+orders of magnitude (``weight_options``: std 0.01 to 1, so attention scores
+reach the hundreds, and tied checkpoints that also carry a stray
+``lm_head.weight``). Token ids cover the whole vocabulary, favouring its ends:
+the special ids 0..2 (pad, bos, eos) and the last id. ``long_horizon_cuts``
+draws sequences of hundreds of positions cut near block, window and chunk edges.
 """
 
 from __future__ import annotations
@@ -21,29 +25,37 @@ from hypothesis import strategies as st
 from refllm.testing.checkpoint import Checkpoint
 from refllm.testing.configs import ARCHITECTURES, CLASS_NAMES, check_architectures
 
-FIRST_TOKEN = 3
+SPECIAL_IDS = (0, 1, 2)  # pad, bos, eos in every drawn config
 MAX_POSITION_EMBEDDINGS = 64  # of every drawn config but the dynamic NTK ones (16, so inputs run past it)
 # Room every drawn config leaves for inputs: prompts plus continuations stay below this.
 MAX_TOTAL_TOKENS = 32
+LONG_HORIZON_POSITIONS = 512  # max_position_embeddings of the configs drawn for long_horizon
+LONG_HORIZON_MAX = 320  # longest long_horizon sequence
+WEIGHT_STDS = (0.01, 0.1, 0.1, 1.0)  # 0.1 twice: the usual scale is drawn most; past 1, float32 itself drifts past 2e-4 of the spread over hundreds of positions
 
 
 @st.composite
-def rope_scalings(draw) -> dict[str, Any] | None:
-    """None or a ``rope_scaling`` dict of one of the scaling variants."""
-    kind = draw(st.sampled_from([None, "linear", "dynamic", "llama3", "yarn"]))
+def rope_scalings(draw, max_positions: int = MAX_POSITION_EMBEDDINGS, dynamic: bool = True) -> dict[str, Any] | None:
+    """None or a ``rope_scaling`` dict of one of the scaling variants (dynamic NTK only if ``dynamic``)."""
+    kind = draw(st.sampled_from([None, "linear", "llama3", "yarn"] + (["dynamic"] if dynamic else [])))
     if kind is None:
         return None
     scaling: dict[str, Any] = {"rope_type": kind, "factor": draw(st.sampled_from([2.0, 4.0]))}
     if kind == "llama3":
         scaling |= dict(low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=16)
     if kind == "yarn":  # transformers expects max_position_embeddings = factor x the original
-        scaling |= dict(original_max_position_embeddings=int(MAX_POSITION_EMBEDDINGS / scaling["factor"]))
+        scaling |= dict(original_max_position_embeddings=int(max_positions / scaling["factor"]))
     return scaling
 
 
 @st.composite
-def hf_configs(draw, architectures: tuple[str, ...] = ARCHITECTURES) -> dict[str, Any]:
-    """A tiny ``config.json`` dict for one of ``architectures``."""
+def hf_configs(draw, architectures: tuple[str, ...] = ARCHITECTURES, long_horizon: bool = False) -> dict[str, Any]:
+    """A tiny ``config.json`` dict for one of ``architectures``.
+
+    ``long_horizon``: room for LONG_HORIZON_POSITIONS positions, and no dynamic NTK scaling
+    (whose cached and one-shot forwards differ by design: ``history.py``).
+    """
+    max_positions = LONG_HORIZON_POSITIONS if long_horizon else MAX_POSITION_EMBEDDINGS
     model_type = draw(st.sampled_from(check_architectures(architectures)))
     kv_heads = draw(st.integers(1, 2))
     heads = kv_heads * draw(st.integers(1, 3))  # GQA ratios 1, 2, 3 (and multi-query)
@@ -63,7 +75,7 @@ def hf_configs(draw, architectures: tuple[str, ...] = ARCHITECTURES) -> dict[str
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         head_dim=head_dim,
-        max_position_embeddings=MAX_POSITION_EMBEDDINGS,
+        max_position_embeddings=max_positions,
         rms_norm_eps=draw(st.sampled_from([1e-6, 1e-5, 1e-2, 0.5])),
         pad_token_id=0,
         bos_token_id=1,
@@ -82,7 +94,8 @@ def hf_configs(draw, architectures: tuple[str, ...] = ARCHITECTURES) -> dict[str
             final_logit_softcapping=draw(st.sampled_from([None, 3.0])),
             attention_bias=draw(st.booleans()),
             rope_parameters={
-                "full_attention": {"rope_type": "default", "rope_theta": theta} | (draw(rope_scalings()) or {}),
+                "full_attention": {"rope_type": "default", "rope_theta": theta}
+                | (draw(rope_scalings(max_positions, not long_horizon)) or {}),
                 "sliding_attention": {"rope_type": "default", "rope_theta": draw(st.sampled_from([10_000.0, 100.0]))},
             },
         )
@@ -92,7 +105,7 @@ def hf_configs(draw, architectures: tuple[str, ...] = ARCHITECTURES) -> dict[str
         hidden_act=draw(st.sampled_from(["silu", "gelu_pytorch_tanh"])),
         tie_word_embeddings=draw(st.booleans()),
     )
-    scaling = draw(rope_scalings()) if model_type != "phi3" else None
+    scaling = draw(rope_scalings(max_positions, not long_horizon)) if model_type != "phi3" else None
     if scaling is not None:
         config["rope_scaling"] = scaling
         if scaling["rope_type"] == "dynamic":
@@ -116,14 +129,49 @@ def hf_configs(draw, architectures: tuple[str, ...] = ARCHITECTURES) -> dict[str
     return config
 
 
+def weight_options() -> st.SearchStrategy[dict[str, Any]]:
+    """Keyword arguments of ``Checkpoint.random`` besides config and seed: the weights' std, a stray lm_head."""
+    return st.fixed_dictionaries({"std": st.sampled_from(WEIGHT_STDS), "lm_head": st.booleans()})
+
+
 def checkpoints(configs: st.SearchStrategy[dict[str, Any]] | None = None) -> st.SearchStrategy[Checkpoint]:
     """Seeded random weights for a drawn config, in memory (``Checkpoint.path`` writes safetensors on demand)."""
     configs = configs if configs is not None else hf_configs()
-    return st.builds(Checkpoint.random, configs, st.integers(0, 2**16))
+    return st.builds(
+        lambda config, seed, options: Checkpoint.random(config, seed, **options),
+        configs,
+        st.integers(0, 2**16),
+        weight_options(),
+    )
+
+
+def token_id(vocab_size: int) -> st.SearchStrategy[int]:
+    """Any id of the vocabulary, its ends (the special ids, the last id) drawn more often than their share."""
+    return st.one_of(
+        st.integers(0, vocab_size - 1), st.sampled_from([*SPECIAL_IDS, vocab_size - 1])
+    )
 
 
 def token_ids(vocab_size: int, min_size: int = 1, max_size: int = 24) -> st.SearchStrategy[list[int]]:
-    return st.lists(st.integers(FIRST_TOKEN, vocab_size - 1), min_size=min_size, max_size=max_size)
+    return st.lists(token_id(vocab_size), min_size=min_size, max_size=max_size)
+
+
+@st.composite
+def long_horizon_cuts(draw, window: int | None, block_sizes=(4, 16, 32)) -> tuple[int, list[int]]:
+    """(length, prefill chunk ends) of a sequence of up to LONG_HORIZON_MAX positions.
+
+    Lengths and cuts sit near edges where bugs live: multiples of usual block
+    sizes and of the sliding window, plus or minus one; past the last cut the
+    sequence is decoded token by token.
+    """
+    edges = {b * n + d for b in block_sizes for n in range(1, LONG_HORIZON_MAX // b + 1) for d in (-1, 0, 1)}
+    if window:
+        edges |= {window * n + d for n in range(1, 4) for d in (-1, 0, 1)}
+    edges = sorted(e for e in edges if 1 <= e <= LONG_HORIZON_MAX)
+    length = draw(st.sampled_from([e for e in edges if e > 32]) | st.integers(33, LONG_HORIZON_MAX))
+    inside = [e for e in edges if e < length]
+    cuts = sorted(set(draw(st.lists(st.sampled_from(inside), min_size=1, max_size=4))))
+    return length, cuts
 
 
 def chunk_splits(total: int, max_chunks: int = 5) -> st.SearchStrategy[list[int]]:
@@ -174,12 +222,12 @@ def schedules(
         elif op == "decode":
             cache_id = draw(st.sampled_from(decodable))
             lengths[cache_id] += 1
-            steps.append([op, cache_id, draw(st.integers(FIRST_TOKEN, vocab_size - 1))])
+            steps.append([op, cache_id, draw(token_id(vocab_size))])
         elif op == "decode_batch":
             ids = draw(st.lists(st.sampled_from(decodable), min_size=1, max_size=len(decodable), unique=True))
             for cache_id in ids:
                 lengths[cache_id] += 1
-            steps.append([op, [[i, draw(st.integers(FIRST_TOKEN, vocab_size - 1))] for i in ids]])
+            steps.append([op, [[i, draw(token_id(vocab_size))] for i in ids]])
         elif op == "release":
             cache_id = draw(st.sampled_from(live))
             del lengths[cache_id]

@@ -18,17 +18,29 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, given, reject, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
-from refllm.testing.backends import Backend, as_backend
+from refllm.testing.backends import Backend, Unsupported, as_backend
 from refllm.testing.checkpoint import Checkpoint
+from refllm.testing.checks import check
+from refllm.testing.compare import ConformanceFailure
 from refllm.testing.configs import ARCHITECTURES, check_architectures, tiny_config_json
 from refllm.testing.explain import Case
 from refllm.testing.factories import factory_spec
-from refllm.testing.properties import MEMORY_CAPACITY, PROPERTIES, ConformanceFailure, check
-from refllm.testing.strategies import FIRST_TOKEN, MAX_TOTAL_TOKENS, OPS, chunk_splits, hf_configs, schedules, token_ids
+from refllm.testing.properties import MEMORY_CAPACITY, PROPERTIES
+from refllm.testing.strategies import (
+    MAX_TOTAL_TOKENS,
+    OPS,
+    chunk_splits,
+    hf_configs,
+    long_horizon_cuts,
+    schedules,
+    token_id,
+    token_ids,
+    weight_options,
+)
 
 
 class PropertySkipped(Exception):
@@ -40,8 +52,9 @@ def _exactly(vocab: int, n: int) -> st.SearchStrategy[list[int]]:
 
 
 @st.composite
-def property_args(draw, name: str, vocab: int, ops: tuple[str, ...] = OPS) -> dict:
-    """The inputs of property ``name`` for a model of ``vocab`` tokens (JSON-ready); ``ops`` for schedules."""
+def property_args(draw, name: str, vocab: int, ops: tuple[str, ...] = OPS, window: int | None = None) -> dict:
+    """The inputs of property ``name`` for a model of ``vocab`` tokens (JSON-ready); ``ops`` for schedules,
+    ``window`` (the sliding window, if any) for long_horizon's edges."""
     if name == "logits":
         return dict(tokens=draw(token_ids(vocab, 1, 24)))
     if name == "chunked_prefill":
@@ -53,7 +66,7 @@ def property_args(draw, name: str, vocab: int, ops: tuple[str, ...] = OPS) -> di
     if name == "batch":
         prompts = draw(st.lists(token_ids(vocab, 1, 12), min_size=2, max_size=3))
         steps = draw(st.lists(_exactly(vocab, len(prompts)), min_size=1, max_size=4))  # a token per prompt per step
-        return dict(prompts=prompts, steps=steps)
+        return dict(prompts=prompts, steps=steps, order=draw(st.permutations(range(len(prompts)))))
     if name == "branches":
         length = draw(st.integers(1, 4))
         continuations = draw(st.lists(_exactly(vocab, length), min_size=2, max_size=3))
@@ -68,9 +81,12 @@ def property_args(draw, name: str, vocab: int, ops: tuple[str, ...] = OPS) -> di
         return dict(tokens=draw(_exactly(vocab, MEMORY_CAPACITY)), keep=draw(st.integers(0, MEMORY_CAPACITY - 1)))
     if name == "errors":
         return dict(
-            tokens=draw(token_ids(vocab, 1, 8)), vocab_size=vocab, token=draw(st.integers(FIRST_TOKEN, vocab - 1))
+            tokens=draw(token_ids(vocab, 1, 8)), vocab_size=vocab, token=draw(token_id(vocab))
         )
-    if name == "greedy":
+    if name == "long_horizon":
+        length, cuts = draw(long_horizon_cuts(window))
+        return dict(tokens=draw(_exactly(vocab, length)), cuts=cuts)
+    if name in ("greedy", "own_greedy"):
         tokens = draw(token_ids(vocab, 1, 12))
         return dict(tokens=tokens, new_tokens=draw(st.integers(8, MAX_TOTAL_TOKENS - len(tokens))))
     raise KeyError(name)
@@ -86,15 +102,21 @@ def cases(
 ) -> Case:
     """A case for one of the properties ``names``: a tiny model, a weight seed and the property's inputs."""
     name = draw(st.sampled_from(names))
-    config_json = draw(hf_configs(architectures))
+    config_json = draw(hf_configs(architectures, long_horizon=name == "long_horizon"))
     seed = draw(st.integers(0, 2**16))
-    return Case(name, config_json, seed, profile, draw(property_args(name, config_json["vocab_size"], ops)))
+    window = config_json.get("sliding_window")
+    args = draw(property_args(name, config_json["vocab_size"], ops, window))
+    return Case(name, config_json, seed, profile, args, draw(weight_options()))
 
 
 def run_case(case: Case, factory: Callable, spec: str | None = None) -> None:
     """Build the backend for ``case``'s checkpoint and check the property; ConformanceFailure if it fails."""
     checkpoint = case.checkpoint()
-    backend = as_backend(factory(checkpoint))
+    try:
+        backend = as_backend(factory(checkpoint))
+    except Unsupported:
+        reject()  # a model the backend cannot express: hypothesis draws another
+
     reason = PROPERTIES[case.property].skip_reason(backend)
     if reason:
         raise PropertySkipped(reason)
@@ -102,8 +124,13 @@ def run_case(case: Case, factory: Callable, spec: str | None = None) -> None:
 
 
 def probe(factory: Callable, architectures: tuple[str, ...] = ARCHITECTURES) -> Backend:
-    """The backend ``factory`` builds for a tiny model: what its backends can do."""
-    return as_backend(factory(Checkpoint.random(tiny_config_json(architectures[0]))))
+    """The backend ``factory`` builds for a tiny model (the first architecture it accepts): what it can do."""
+    for architecture in architectures[:-1]:
+        try:
+            return as_backend(factory(Checkpoint.random(tiny_config_json(architecture))))
+        except Unsupported:
+            continue
+    return as_backend(factory(Checkpoint.random(tiny_config_json(architectures[-1]))))
 
 
 def skip_reasons(backend: Backend, names) -> dict[str, str]:
@@ -171,8 +198,12 @@ def run_properties(
     @given(case=cases(names, profile, architectures, ops))
     def test(case: Case) -> None:
         nonlocal runs
-        runs += 1
-        run_case(case, factory, spec)
+        try:
+            run_case(case, factory, spec)
+        except ConformanceFailure:
+            runs += 1
+            raise
+        runs += 1  # a case the backend refused (Unsupported) is redrawn, not counted
 
     if seed is not None:
         test = hypothesis_seed(seed)(test)

@@ -1,0 +1,93 @@
+"""The kit's draws reach what backends get wrong, and raise no false alarm on refllm's own paths."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from refllm.testing import PROPERTIES, Checkpoint, refllm_llm, refllm_paged
+from refllm.testing.checks import check
+from refllm.testing.configs import tiny_config_json
+from refllm.testing.factories import refllm_contiguous
+from refllm.testing.history import chunking_matters
+from refllm.testing.strategies import LONG_HORIZON_MAX, hf_configs, long_horizon_cuts, token_ids, weight_options
+from refllm.testing.suite import property_args
+
+CACHED = ("chunked_prefill", "decode", "batch", "branches", "schedule", "truncate", "memory", "errors", "greedy")
+
+
+@st.composite
+def dynamic_ntk_cases(draw):
+    """A dynamic-NTK model (inputs run past its max_position_embeddings of 16) and a cached property's inputs."""
+    config = draw(hf_configs(("llama", "mistral", "qwen2", "qwen3")))
+    config["rope_scaling"] = {"rope_type": "dynamic", "factor": draw(st.sampled_from([2.0, 4.0]))}
+    config["max_position_embeddings"] = 16
+    name = draw(st.sampled_from(CACHED))
+    args = draw(property_args(name, config["vocab_size"], window=config.get("sliding_window")))
+    return name, Checkpoint.random(config, draw(st.integers(0, 2**16)), **draw(weight_options())), args
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("factory", [refllm_paged, refllm_llm])
+@settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(case=dynamic_ntk_cases())
+def test_dynamic_ntk_raises_no_false_alarm_on_refllm_paths(factory, case):
+    name, checkpoint, args = case
+    assert chunking_matters(refllm_contiguous(checkpoint))
+    check(name, factory(checkpoint), checkpoint, **args)
+
+
+@settings(max_examples=8, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(case=dynamic_ntk_cases())
+def test_dynamic_ntk_raises_no_false_alarm_on_the_runtime(case):
+    """The quick version of the test above, in the default run."""
+    name, checkpoint, args = case
+    check(name, refllm_llm(checkpoint), checkpoint, **args)
+
+
+def test_a_one_shot_prefill_and_a_cached_decode_differ_by_design_under_dynamic_ntk():
+    """Why the kit replays calls on the reference: the cached and one-shot forwards really differ."""
+    config = tiny_config_json("llama") | {"rope_scaling": {"rope_type": "dynamic", "factor": 4.0}, "max_position_embeddings": 16}
+    checkpoint = Checkpoint.random(config, 0, std=1.0)
+    reference, tokens = refllm_contiguous(checkpoint), list(range(3, 27))
+    one_shot = reference.last_logits(tokens)
+    cached = reference.replay([("prefill", tokens[:-1]), ("prefill", tokens[-1:])])
+    assert np.abs(one_shot - cached).max() > 1e-3 * one_shot.std()
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(data=st.data())
+def test_long_horizon_cuts_are_valid(data):
+    window = data.draw(st.none() | st.integers(2, 8))
+    length, cuts = data.draw(long_horizon_cuts(window))
+    assert 32 < length <= LONG_HORIZON_MAX and cuts == sorted(set(cuts)) and 1 <= cuts[0] and cuts[-1] < length
+
+
+def test_draws_cover_what_the_old_draws_missed():
+    lengths, ids, stds = [], set(), set()
+
+    @settings(max_examples=150, deadline=None, database=None, derandomize=True)
+    @given(long_horizon_cuts(4), token_ids(48), weight_options())
+    def collect(cuts, tokens, options):
+        lengths.append(cuts[0])
+        ids.update(tokens)
+        stds.add(options["std"])
+
+    collect()
+    assert np.mean(np.array(lengths) > 100) > 0.5  # most long-horizon cases pass position 100
+    assert {0, 1, 2, 47} <= ids  # the special ids and the last id
+    assert max(stds) / min(stds) >= 100  # weight scales over two orders of magnitude
+
+
+def test_a_tied_checkpoint_may_carry_a_stray_lm_head_that_the_reference_ignores():
+    config = tiny_config_json("llama") | {"tie_word_embeddings": True}
+    plain, stray = Checkpoint.random(config, 4), Checkpoint.random(config, 4, lm_head=True)
+    assert "lm_head.weight" in stray.tensors and "lm_head.weight" not in plain.tensors
+    tokens = [0, 1, 2, 5]
+    np.testing.assert_array_equal(refllm_contiguous(stray).all_logits(tokens), refllm_contiguous(plain).all_logits(tokens))
+
+
+def test_every_property_says_what_it_claims():
+    assert all(p.claim for p in PROPERTIES.values())
