@@ -198,7 +198,7 @@ class PromptReport:
     next_tokens: np.ndarray | None = None  # [P]
 
 
-def check_prompt(golden: Golden, i: int, backend: Backend, profile: Tolerance) -> PromptReport:
+def check_golden_prompt(golden: Golden, i: int, backend: Backend, profile: Tolerance) -> PromptReport:
     """Compare one prompt's stored outputs with the backend's."""
     ids = golden.require(i, "token_ids").tolist()
     chosen, expected = golden.require(i, "positions"), golden.require(i, "logits")  # [P], [P, V]
@@ -271,7 +271,7 @@ def check(golden: Golden, backend, profile: str | Tolerance | None = None) -> li
     """Every prompt of ``golden`` against ``backend`` under ``profile`` (default: the file's)."""
     profile = get_profile(profile or golden.metadata.get("tolerance_profile", "float32"))
     backend = as_backend(backend)
-    return [check_prompt(golden, i, backend, profile) for i in range(golden.num_prompts)]
+    return [check_golden_prompt(golden, i, backend, profile) for i in range(golden.num_prompts)]
 
 
 # --- the command line -----------------------------------------------------------------------
