@@ -20,16 +20,13 @@ import pytest
 import refllm
 from refllm.kv import CacheConfig
 from refllm.nn.rope import RopeTable
+from refllm.testing.truth import relative_error
 from tests.float64_reference import reference_logits
 
 CHECKPOINTS = sorted(p for p in (Path(__file__).parent / "data" / "hf").iterdir() if (p / "config.json").exists())
 TOKENS = [int(t) for t in np.random.default_rng(7).integers(0, 128, size=26)]
 PROMPT = 12  # then 14 decode steps: positions 12 .. 25
 TRUTH_BOUND = 1e-9  # relative to the largest logit
-
-
-def relative_error(logits: np.ndarray, truth: np.ndarray) -> float:
-    return float(np.abs(logits - truth).max() / np.abs(truth).max())
 
 
 @pytest.fixture(scope="module", params=CHECKPOINTS, ids=lambda p: p.name)

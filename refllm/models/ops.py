@@ -32,9 +32,6 @@ from refllm.nn.mlp import gated
 from refllm.nn.norm import rms_norm
 from refllm.nn.rope import apply_rope
 
-OP_SET_NAMES = ("spec", "fast")
-
-
 @dataclass(frozen=True)
 class OpSet:
     """The operations of one forward pass (signatures as their ``refllm/nn`` spec functions)."""
@@ -82,11 +79,3 @@ def fast_ops() -> OpSet:
         attention=None,
         running=blas_on_calling_thread,
     )
-
-
-def op_set(name: str) -> OpSet:
-    """``"spec"`` or ``"fast"`` -> that OpSet."""
-    if name not in OP_SET_NAMES:
-        raise ValueError(f"op set must be one of {', '.join(OP_SET_NAMES)}; got {name!r}")
-    return SPEC_OPS if name == "spec" else fast_ops()
-
