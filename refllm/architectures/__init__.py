@@ -1,0 +1,21 @@
+"""One reader per architecture family: a config.json dict to the keyword arguments of ``ModelConfig``.
+
+A new family is a module here and a line in ``READERS``; the forward pass reads
+only the resulting flags.
+"""
+
+from __future__ import annotations
+
+from refllm.architectures.gemma import read_gemma3, read_gemma3_text
+from refllm.architectures.llama import read_llama, read_mistral, read_phi3, read_qwen
+
+READERS = {  # config.json's model_type -> its reader
+    "llama": read_llama,
+    "mistral": read_mistral,
+    "qwen2": read_qwen,
+    "qwen3": read_qwen,
+    "phi3": read_phi3,
+    "gemma3_text": read_gemma3_text,
+    "gemma3": read_gemma3,
+}
+SUPPORTED_ARCHITECTURES = tuple(READERS)

@@ -1,0 +1,87 @@
+"""Reading a Hugging Face ``config.json``: key access that names what is missing, and the keys families share.
+
+Each family's reader (a module beside this one) turns the dict into the keyword
+arguments of ``ModelConfig``; the shared parts live here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from refllm.config_checks import MAX_LAYERS, check_number, check_size
+from refllm.errors import ConfigError
+from refllm.rope_parameters import FULL_ATTENTION, SLIDING_ATTENTION, RopeParameters
+
+
+class HFKeys:
+    """config.json access that names the missing key in its error."""
+
+    def __init__(self, config: dict[str, Any]):
+        self.config = config
+
+    def require(self, key: str) -> Any:
+        if self.config.get(key) is None:
+            raise ConfigError(f"config.json has no {key!r} (model_type {self.config.get('model_type')!r})")
+        return self.config[key]
+
+    def size(self, key: str, default: int | None = None, high: int | None = None) -> int:
+        """A positive integer (required unless ``default`` is given), refused by name otherwise."""
+        value = self.require(key) if default is None else self.get(key, default)
+        return check_size(value, key) if high is None else check_size(value, key, high)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = self.config.get(key)
+        return default if value is None else value
+
+
+def eos_ids(keys: HFKeys) -> tuple[int, ...]:
+    eos = keys.get("eos_token_id")
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, list) else (int(eos),)
+
+
+def common_fields(keys: HFKeys) -> dict[str, Any]:
+    """The keys every architecture shares."""
+    hidden_size = keys.size("hidden_size")
+    num_heads = keys.size("num_attention_heads")
+    return dict(
+        model_type=keys.require("model_type"),
+        vocab_size=keys.size("vocab_size"),
+        hidden_size=hidden_size,
+        intermediate_size=keys.size("intermediate_size"),
+        num_hidden_layers=keys.size("num_hidden_layers", high=MAX_LAYERS),
+        num_attention_heads=num_heads,
+        num_key_value_heads=keys.size("num_key_value_heads", num_heads),
+        head_dim=keys.size("head_dim", max(hidden_size // num_heads, 1)),
+        max_position_embeddings=keys.size("max_position_embeddings", 2048),
+        rms_norm_eps=check_number(keys.get("rms_norm_eps", 1e-6), "rms_norm_eps", positive=True),
+        hidden_act=keys.get("hidden_act", keys.get("hidden_activation", "silu")),
+        tie_word_embeddings=bool(keys.get("tie_word_embeddings", False)),
+        bos_token_id=keys.get("bos_token_id"),
+        eos_token_ids=eos_ids(keys),
+    )
+
+
+def single_rope(keys: HFKeys, default_theta: float = 10_000.0) -> RopeParameters:
+    """One RoPE setting for all layers, from either spelling."""
+    params = dict(keys.get("rope_parameters") or keys.get("rope_scaling") or {})
+    params.setdefault("rope_theta", keys.get("rope_theta", default_theta))
+    if keys.get("partial_rotary_factor") is not None:
+        params.setdefault("partial_rotary_factor", keys.get("partial_rotary_factor"))
+    if keys.get("original_max_position_embeddings") is not None and "original_max_position_embeddings" not in params:
+        params["original_max_position_embeddings"] = keys.get("original_max_position_embeddings")
+    return RopeParameters.from_dict(params, default_theta, int(keys.get("max_position_embeddings", 2048)))
+
+
+def window_layer_types(keys: HFKeys, window: int | None, first_window_layer: int) -> tuple[str, ...]:
+    if keys.get("layer_types") is not None:
+        return tuple(keys.get("layer_types"))
+    n = keys.size("num_hidden_layers", high=MAX_LAYERS)
+    return tuple(
+        SLIDING_ATTENTION if window is not None and i >= first_window_layer else FULL_ATTENTION for i in range(n)
+    )
+
+
+def rope_for_types(layer_types: tuple[str, ...], rope: RopeParameters) -> dict[str, RopeParameters]:
+    return {layer_type: rope for layer_type in set(layer_types)}
