@@ -17,7 +17,7 @@ from refllm.errors import InvalidInputError
 from refllm.io.gguf import GGUFSource
 from refllm.kv import CacheConfig, CacheShape
 from refllm.kv.base import blocks_for
-from refllm.machine import cpu_name, thread_settings
+from refllm.machine import cpu_name, seconds_since_start, thread_settings, vector_extensions
 from refllm.memory import available_memory, weight_bytes
 from refllm.models.contract import ModelSource
 from refllm.quant.linear import QuantizedTensor
@@ -98,9 +98,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     prompts = np.random.default_rng(0).integers(0, model.config.vocab_size, size=(max(batches), prompt_len))
     decode_rates = {}
     with progress.task("benchmarking", total=1 + len(batches) * new_tokens, unit="step") as bar:
-        _greedy(llm, prompts[:1], 1)  # warm-up: compiles the kernels, touches every weight
+        _greedy(llm, prompts[:1], 1)  # the first token: kernels compiled or loaded, every weight touched
+        first_token = seconds_since_start()
         start = time.perf_counter()
-        llm.prefill(0, prompts[0])
+        int(np.argmax(llm.prefill(0, prompts[0])))
         prefill_seconds = time.perf_counter() - start
         llm.reset()
         bar.update()
@@ -109,12 +110,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
             decode_rates[batch] = batch * new_tokens / seconds
     c = model.config
     print(f"machine   {cpu_name()}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}")
+    print(f"vectors   {' '.join(vector_extensions()) or 'unknown'}")
     print(f"software  Python {platform.python_version()}, NumPy {np.__version__}, Numba {numba.__version__}")
     print(f"threads   {thread_settings()}")
     quantized = any(isinstance(w, QuantizedTensor) for w in vars(model.weights.layers[0]).values())
     weights = "quantized matrices" if quantized else "float32 weights"
     print(f"model     {args.model}: {c.model_type}, {c.num_parameters:,} parameters, {weights}")
-    print(f"prefill   {prompt_len} tokens in {prefill_seconds:.2f} s: {prompt_len / prefill_seconds:.1f} tokens/s")
+    if first_token is not None:
+        print(
+            f"first     token {first_token:.1f} s after the process started (imports, loading the model,"
+            " its kernels compiled or loaded from Numba's cache, the prompt)"
+        )
+    print(
+        f"prefill   {prompt_len} tokens in {prefill_seconds:.2f} s: {prompt_len / prefill_seconds:.1f} tokens/s"
+        f" (time to first token {prefill_seconds:.2f} s)"
+    )
     print(f"decode    {new_tokens} tokens per sequence after a {prompt_len}-token prompt")
     print(f"{'batch':>10}  {'tokens/s':>9}  {'per sequence':>12}  {f'vs batch {batches[0]}':>10}")
     for batch, rate in decode_rates.items():
