@@ -111,7 +111,8 @@ CASES: dict[str, tuple[str, dict, str]] = {
         ),
         "float32",
     ),
-    "smollm3": ("SmolLM3Config", dict(no_rope_layer_interval=2, rope_theta=5_000_000.0), "float32"),
+    # four layers: the released interval (4) leaves the last one without RoPE, as llama.cpp assumes
+    "smollm3": ("SmolLM3Config", dict(num_hidden_layers=4, rope_theta=5_000_000.0), "float32"),
     "olmo2": ("Olmo2Config", dict(rms_norm_eps=1e-6), "float32"),
 }
 
@@ -136,7 +137,7 @@ LEGACY_CONFIGS: dict[str, dict] = {
     # layers alternate sliding / global without layer_types; the first configs add sliding_window_size
     "gemma2": dict(rope_theta=10_000.0, sliding_window_size=8),
     # no_rope_layers derived from the interval
-    "smollm3": dict(rope_theta=5_000_000.0, no_rope_layer_interval=2),
+    "smollm3": dict(rope_theta=5_000_000.0, no_rope_layer_interval=4),
 }
 
 

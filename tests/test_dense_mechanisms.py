@@ -72,7 +72,7 @@ def test_the_fixtures_carry_their_mechanisms():
     gemma2, smollm3, olmo2 = (load(name)[0].config for name in FIXTURES)
     assert (gemma2.attn_logit_softcapping, gemma2.final_logit_softcapping) == (2.0, 3.0)
     assert gemma2.layer_types == ("sliding_attention", "full_attention") and gemma2.attention_scale == 24**-0.5
-    assert smollm3.nope_layers == (1,)
+    assert smollm3.nope_layers == (3,)
     assert olmo2.post_norms and olmo2.qk_norm_whole
 
 
