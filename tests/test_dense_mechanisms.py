@@ -16,6 +16,7 @@ import pytest
 
 import refllm
 from refllm import LLM, CacheConfig
+from refllm.io.safetensors import HFDirectorySource
 from refllm.models.llama import LlamaFamilyModel
 from refllm.testing.truth import relative_error
 from tests.hf_fixtures import DATA, NEW_TOKENS
@@ -117,3 +118,10 @@ def test_the_fast_ops_agree_with_the_spec(name, kind):
     spec = logits_over(op_set_model(name, reference=True), kind, tokens, 12)
     fast = logits_over(op_set_model(name, reference=False), kind, tokens, 12)
     assert relative_error(fast, spec) <= ROUNDING_MULTIPLE * max(relative_error(spec, truth), ULP_FLOOR)
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_the_parameter_count_is_the_checkpoints(name):
+    """``refllm info`` and the memory estimates count OLMo 2's post-norms and [H*E] q/k norms, Gemma 2's four norms."""
+    source = HFDirectorySource(DATA / name)
+    assert source.config.num_parameters == sum(source.tensor(t).size for t in source.tensor_names())
