@@ -10,12 +10,14 @@ reproduces the fixture; the kernel twins agree with the spec on each.
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
 
 import refllm
-from refllm import LLM, CacheConfig
+from refllm import LLM, CacheConfig, ModelConfig
+from refllm.errors import ConfigError
 from refllm.io.safetensors import HFDirectorySource
 from refllm.models.llama import LlamaFamilyModel
 from refllm.testing.truth import relative_error
@@ -125,3 +127,56 @@ def test_the_parameter_count_is_the_checkpoints(name):
     """``refllm info`` and the memory estimates count OLMo 2's post-norms and [H*E] q/k norms, Gemma 2's four norms."""
     source = HFDirectorySource(DATA / name)
     assert source.config.num_parameters == sum(source.tensor(t).size for t in source.tensor_names())
+
+
+# ---- config.json as the Hub spells it, and refusals that name the bad value ----------------------------
+
+
+def hub_config(name: str) -> dict:
+    return json.loads((DATA / name / "config.json").read_text())
+
+
+def test_gemma2_takes_transformers_defaults_for_missing_caps_and_none_for_null_ones():
+    config = hub_config("gemma2")
+    del config["attn_logit_softcapping"], config["final_logit_softcapping"]
+    c = ModelConfig.from_hf(config)
+    assert (c.attn_logit_softcapping, c.final_logit_softcapping) == (50.0, 30.0)
+    c = ModelConfig.from_hf(config | {"attn_logit_softcapping": None, "final_logit_softcapping": None})
+    assert (c.attn_logit_softcapping, c.final_logit_softcapping) == (None, None)
+
+
+def test_smollm3_no_rope_layers_flag_the_layers_that_rotate():
+    assert ModelConfig.from_hf(hub_config("smollm3") | {"no_rope_layers": [0, 1, 1, 0]}).nope_layers == (0, 3)
+    derived = {k: v for k, v in hub_config("smollm3").items() if k != "no_rope_layers"}
+    assert ModelConfig.from_hf(derived | {"no_rope_layer_interval": 2}).nope_layers == (1, 3)
+
+
+def test_smollm3_windows_only_where_use_sliding_window_is_on():
+    config = hub_config("smollm3") | {"sliding_window": 4}
+    config.pop("layer_types")
+    assert ModelConfig.from_hf(config).sliding_window is None
+    c = ModelConfig.from_hf(config | {"use_sliding_window": True})
+    assert c.sliding_window == 4 and c.layer_types == ("full_attention",) * 3 + ("sliding_attention",)
+
+
+BAD_CONFIGS = {
+    "a soft-cap of zero": ("gemma2", {"attn_logit_softcapping": 0}, "attn_logit_softcapping"),
+    "a soft-cap that is text": ("gemma2", {"final_logit_softcapping": "30"}, "final_logit_softcapping"),
+    "too few no_rope_layers": ("smollm3", {"no_rope_layers": [1, 1, 0]}, "no_rope_layers"),
+    "a no_rope_layers flag of 2": ("smollm3", {"no_rope_layers": [1, 1, 2, 0]}, "no_rope_layers"),
+    "an interval of zero": ("smollm3", {"no_rope_layers": None, "no_rope_layer_interval": 0}, "no_rope_layer_interval"),
+    "a negative epsilon": ("olmo2", {"rms_norm_eps": -1e-6}, "rms_norm_eps"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CONFIGS))
+def test_a_bad_value_is_refused_by_name(case):
+    name, change, key = BAD_CONFIGS[case]
+    with pytest.raises(ConfigError, match=key):
+        ModelConfig.from_hf(hub_config(name) | change)
+
+
+def test_nope_layers_must_be_layers_of_the_model():
+    config = ModelConfig.from_hf(hub_config("smollm3"))
+    with pytest.raises(ConfigError, match="nope_layers holds 4"):
+        config.with_overrides(nope_layers=(4,))
