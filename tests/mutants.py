@@ -273,7 +273,7 @@ class RopeOnNopeLayers(LlamaFamilyModel):
         super().__init__(config.with_overrides(nope_layers=()), weights, tokenizer, *args)
 
 
-class PreNormInsteadOfPostNorm(LlamaFamilyModel):
+class PreNormNotPostNorm(LlamaFamilyModel):
     """OLMo 2's norms applied to the sublayers' inputs (Llama's placement) instead of their outputs."""
 
     def decoder_layer(self, layer_index, w, x, positions, cache, seq_ids):
@@ -484,8 +484,8 @@ def rope_on_nope_layers(checkpoint):
     return _backend(RopeOnNopeLayers, checkpoint)
 
 
-def pre_norm_instead_of_post_norm(checkpoint):
-    return _backend(PreNormInsteadOfPostNorm, checkpoint)
+def pre_norm_not_post_norm(checkpoint):
+    return _backend(PreNormNotPostNorm, checkpoint)
 
 
 MUTANTS = [
@@ -513,7 +513,7 @@ MUTANTS = [
     batch_rows_sorted,
     softcap_after_mask,
     rope_on_nope_layers,
-    pre_norm_instead_of_post_norm,
+    pre_norm_not_post_norm,
 ]
 
 # The property each mutant of issue 16 must be reported by: the one whose call exposes the bug.
