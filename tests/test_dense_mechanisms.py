@@ -3,8 +3,9 @@
 ``test_hf_parity.py`` holds each fixture to transformers (logits and greedy
 tokens, contiguous and paged). Here: each mechanism matters (switched off, the
 logits leave the 1e-4 tolerance, so the parity could not pass without it), a
-batch and ``decode_batch`` equal single runs, and ``LLM`` over the paged arena
-reproduces the fixture; the kernel twins agree with the spec on each.
+batch and ``decode_batch`` equal single runs, ``LLM`` over the paged arena and the
+engine's continuous batching reproduce the fixture; the kernel twins agree with the
+spec on each.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from refllm import LLM, CacheConfig, ModelConfig
 from refllm.errors import ConfigError
 from refllm.io.safetensors import HFDirectorySource
 from refllm.models.llama import LlamaFamilyModel
+from refllm.runtime.engine import Engine
+from refllm.runtime.executor import LLMExecutor
+from refllm.runtime.sampling import SamplingParams
 from refllm.testing.truth import relative_error
 from tests.hf_fixtures import DATA, NEW_TOKENS
 from tests.test_hf_parity import ATOL, RTOL, all_logits
@@ -180,3 +184,16 @@ def test_nope_layers_must_be_layers_of_the_model():
     config = ModelConfig.from_hf(hub_config("smollm3"))
     with pytest.raises(ConfigError, match="nope_layers holds 4"):
         config.with_overrides(nope_layers=(4,))
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_the_engine_batches_the_fixture_with_other_requests_and_keeps_its_greedy_tokens(name):
+    model, reference = load(name)
+    prompt = reference["input_ids"][0].tolist()
+    others = [prompt[::-1], prompt[:5], prompt[3:17]]
+    engine = Engine(LLMExecutor(LLM(model, CacheConfig(block_size=4, num_blocks=48)), offload=False))
+    params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
+    handles = [engine.submit(p, params) for p in [prompt, *others]]
+    engine.run_until_done()
+    assert engine.stats.largest_batch > 1
+    assert handles[0].result().completions[0].token_ids == reference["greedy"].tolist()
