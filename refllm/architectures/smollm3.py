@@ -25,7 +25,9 @@ def nope_layers(keys: HFKeys, num_layers: int) -> tuple[int, ...]:
         interval = keys.size("no_rope_layer_interval", SMOLLM3_NO_ROPE_LAYER_INTERVAL)
         flags = [int((i + 1) % interval != 0) for i in range(num_layers)]
     if not isinstance(flags, list) or len(flags) != num_layers or any(f not in (0, 1) for f in flags):
-        raise ConfigError(f"no_rope_layers must be {num_layers} flags of 0 or 1 (1: the layer uses RoPE); got {flags!r:.80}")
+        raise ConfigError(
+            f"no_rope_layers must be {num_layers} flags of 0 or 1 (1: the layer uses RoPE); got {flags!r:.80}"
+        )
     return tuple(i for i, uses_rope in enumerate(flags) if not uses_rope)
 
 

@@ -208,7 +208,8 @@ class LlamaFamilyModel:
         """x: [B, T, D] (normed, unless post-norms) -> attention output projected back to [B, T, D]."""
         c, ops = self.config, self.ops
         B, T, _ = x.shape
-        q, k = ops.linear(x, w.q_proj, w.q_proj_bias), ops.linear(x, w.k_proj, w.k_proj_bias)  # [B, T, H*E], [B, T, K*E]
+        q = ops.linear(x, w.q_proj, w.q_proj_bias)  # [B, T, H*E]
+        k = ops.linear(x, w.k_proj, w.k_proj_bias)  # [B, T, K*E]
         if c.qk_norm_whole:  # OLMo 2: one norm over every head's dims at once
             q, k = self._norm(q, w.q_norm), self._norm(k, w.k_norm)
         q = q.reshape(B, T, c.num_attention_heads, c.head_dim)

@@ -19,7 +19,9 @@ import numpy as np
 Sublayer = Callable[[np.ndarray], np.ndarray]
 
 
-def residual_block(x: np.ndarray, sublayer: Sublayer, norm_before: Sublayer | None, norm_after: Sublayer | None):
+def residual_block(
+    x: np.ndarray, sublayer: Sublayer, norm_before: Sublayer | None, norm_after: Sublayer | None
+) -> np.ndarray:
     """x: [B, T, D] -> x + norm_after(sublayer(norm_before(x))), a missing norm skipped: [B, T, D]."""
     h = sublayer(norm_before(x) if norm_before is not None else x)
     return x + (norm_after(h) if norm_after is not None else h)
