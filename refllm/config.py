@@ -1,8 +1,8 @@
 """ModelConfig: one dataclass for every supported architecture.
 
-Llama, Mistral, Qwen2, Qwen3, Phi-3 and Gemma 3 differ only by the flags below;
-the forward pass in ``refllm/models/llama.py`` reads them, it never asks which
-architecture it is running.
+Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2, Gemma 3, SmolLM3 and OLMo 2 differ
+only by the flags below; the forward pass in ``refllm/models/llama.py`` reads
+them, it never asks which architecture it is running.
 
 ``ModelConfig.from_hf(config_json)`` reads a Hugging Face ``config.json`` through
 the reader of its family (``refllm/architectures/``), in both spellings found in
@@ -61,12 +61,16 @@ class ModelConfig:
     mlp_bias: bool = False
     # Per-head RMSNorm of queries and keys before RoPE (Qwen3, Gemma 3).
     qk_norm: bool = False
+    # OLMo 2: the q/k RMSNorm spans the whole projection (H*E and K*E), not each head.
+    qk_norm_whole: bool = False
     # Gemma stores RMSNorm weights as w - 1 and applies (1 + w).
     norm_weight_offset: float = 0.0
     # Gemma multiplies embeddings by sqrt(D); 1.0 elsewhere.
     embedding_scale: float = 1.0
     # Gemma's sandwich norms: a norm after attention and another pair around the MLP.
     sandwich_norms: bool = False
+    # OLMo 2's post-norms: no norm before attention or the MLP, one after each (refllm/nn/residual.py).
+    post_norms: bool = False
     # Phi-3 stores q/k/v as one qkv_proj and gate/up as one gate_up_proj.
     fused_qkv: bool = False
     fused_gate_up: bool = False
@@ -75,6 +79,7 @@ class ModelConfig:
     final_logit_softcapping: float | None = None
     sliding_window: int | None = None
     layer_types: tuple[str, ...] = ()
+    nope_layers: tuple[int, ...] = ()  # SmolLM3: layers whose queries and keys skip RoPE
     rope: dict[str, RopeParameters] = field(default_factory=dict)  # keyed by layer type
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -91,6 +96,11 @@ class ModelConfig:
             )
         if self.attention_scale is None:
             object.__setattr__(self, "attention_scale", self.head_dim**-0.5)
+        for layer in self.nope_layers:
+            if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.num_hidden_layers:
+                raise ConfigError(f"nope_layers holds {layer!r:.30}, not a layer of 0 .. {self.num_hidden_layers - 1}")
+        if self.post_norms and self.sandwich_norms:
+            raise ConfigError("post_norms and sandwich_norms are two placements; a model has one")
         for layer_type in set(self.layer_types):
             if layer_type not in self.rope:
                 raise ConfigError(f"no rope parameters for layer type {layer_type!r}")
@@ -105,6 +115,10 @@ class ModelConfig:
         """The sliding window of ``layer`` (keys within the last W positions), or None."""
         return self.sliding_window if self.layer_types[layer] == SLIDING_ATTENTION else None
 
+    def uses_rope(self, layer: int) -> bool:
+        """False for a NoPE layer, whose attention sees no positions but the causal mask's."""
+        return layer not in self.nope_layers
+
     def rope_for_layer(self, layer: int) -> RopeParameters:
         return self.rope[self.layer_types[layer]]
 
@@ -117,7 +131,8 @@ class ModelConfig:
         H, K = self.num_attention_heads, self.num_key_value_heads
         attention = D * H * E + 2 * D * K * E + H * E * D
         mlp = 3 * D * F
-        norms = (4 if self.sandwich_norms else 2) * D + (2 * E if self.qk_norm else 0)
+        qk_norms = (H + K) * E if self.qk_norm_whole else 2 * E
+        norms = (4 if self.sandwich_norms else 2) * D + (qk_norms if self.qk_norm else 0)
         per_layer = attention + mlp + norms
         head = 0 if self.tie_word_embeddings else V * D
         return V * D + self.num_hidden_layers * per_layer + D + head

@@ -65,32 +65,40 @@ def _one_token(config: ModelConfig, w: dict, cache: list, token: int, position: 
     x = w["model.embed_tokens.weight"][token] * c.embedding_scale
     for layer in range(c.num_hidden_layers):
         p = f"model.layers.{layer}."
-        h = _norm(x, w[p + "input_layernorm.weight"], c)
+        # OLMo 2 feeds the raw residual stream to attention and the MLP; the others a normed copy.
+        h = x if c.post_norms else _norm(x, w[p + "input_layernorm.weight"], c)
         q, k, v = _qkv(w, p, h, c)
+        if c.qk_norm_whole:  # one RMS over all heads' dims together
+            q = _norm(q, w[p + "self_attn.q_norm.weight"], c)
+            k = _norm(k, w[p + "self_attn.k_norm.weight"], c)
         q, k, v = q.reshape(H, E), k.reshape(K, E), v.reshape(K, E)
-        if c.qk_norm:
+        if c.qk_norm and not c.qk_norm_whole:
             q = np.stack([_norm(row, w[p + "self_attn.q_norm.weight"], c) for row in q])
             k = np.stack([_norm(row, w[p + "self_attn.k_norm.weight"], c) for row in k])
-        rope = c.rope_for_layer(layer)
-        q, k = _rotate(q, rope, c, position, seq_len), _rotate(k, rope, c, position, seq_len)
+        if layer not in c.nope_layers:  # a NoPE layer attends with unrotated queries and keys
+            rope = c.rope_for_layer(layer)
+            q, k = _rotate(q, rope, c, position, seq_len), _rotate(k, rope, c, position, seq_len)
         keys, values = cache[layer]
         keys.append(k)
         values.append(v)
         attended = _attend(q, keys, values, position, c.window_for_layer(layer), c)
         a = w[p + "self_attn.o_proj.weight"] @ attended.reshape(-1) + w.get(p + "self_attn.o_proj.bias", 0.0)
-        if c.sandwich_norms:
+        if c.sandwich_norms or c.post_norms:
             a = _norm(a, w[p + "post_attention_layernorm.weight"], c)
         x = x + a
-        pre_mlp = "pre_feedforward_layernorm" if c.sandwich_norms else "post_attention_layernorm"
-        m = _mlp(w, p, _norm(x, w[p + pre_mlp + ".weight"], c), c)
-        if c.sandwich_norms:
+        if c.post_norms:
+            m = _mlp(w, p, x, c)
+        else:
+            pre_mlp = "pre_feedforward_layernorm" if c.sandwich_norms else "post_attention_layernorm"
+            m = _mlp(w, p, _norm(x, w[p + pre_mlp + ".weight"], c), c)
+        if c.sandwich_norms or c.post_norms:
             m = _norm(m, w[p + "post_feedforward_layernorm.weight"], c)
         x = x + m
     x = _norm(x, w["model.norm.weight"], c)
     head = w["model.embed_tokens.weight"] if c.tie_word_embeddings else w["lm_head.weight"]
     logits = head @ x
-    if c.final_logit_softcapping:
-        logits = c.final_logit_softcapping * np.tanh(logits / c.final_logit_softcapping)
+    if c.final_logit_softcapping:  # squash into (-cap, cap)
+        logits = np.array([c.final_logit_softcapping * math.tanh(z / c.final_logit_softcapping) for z in logits])
     return logits
 
 

@@ -100,6 +100,20 @@ CASES: dict[str, tuple[str, dict, str]] = {
         ),
         "float32",
     ),
+    "gemma2": (
+        "Gemma2Config",
+        dict(
+            head_dim=16,
+            sliding_window=8,
+            query_pre_attn_scalar=24,
+            attn_logit_softcapping=2.0,  # low enough that the random scores reach it
+            final_logit_softcapping=3.0,
+        ),
+        "float32",
+    ),
+    # four layers: the released interval (4) leaves the last one without RoPE, as llama.cpp assumes
+    "smollm3": ("SmolLM3Config", dict(num_hidden_layers=4, rope_theta=5_000_000.0), "float32"),
+    "olmo2": ("Olmo2Config", dict(rms_norm_eps=1e-6), "float32"),
 }
 
 # The long-standing config.json spellings of some cases, written next to the transformers 5 ones.
@@ -120,6 +134,10 @@ LEGACY_CONFIGS: dict[str, dict] = {
         rope_scaling={"rope_type": "linear", "factor": 8.0},
         sliding_window_pattern=2,
     ),
+    # layers alternate sliding / global without layer_types; the first configs add sliding_window_size
+    "gemma2": dict(rope_theta=10_000.0, sliding_window_size=8),
+    # no_rope_layers derived from the interval
+    "smollm3": dict(rope_theta=5_000_000.0, no_rope_layer_interval=4),
 }
 
 
@@ -188,7 +206,7 @@ def write_case(name: str) -> None:
     np.savez_compressed(out / "reference.npz", **reference)
     if name in LEGACY_CONFIGS:
         config = json.loads((out / "config.json").read_text())
-        for key in ("rope_parameters", "layer_types"):
+        for key in ("rope_parameters", "layer_types", "no_rope_layers"):
             config.pop(key, None)
         config |= LEGACY_CONFIGS[name]
         (out / "config.legacy.json").write_text(json.dumps(config, indent=2))

@@ -16,7 +16,9 @@ from refllm.kv import CacheConfig
 from refllm.kv.paged import PagedKVArena
 from refllm.models.contract import InMemorySource
 from refllm.models.llama import LlamaFamilyModel
+from refllm.nn.attention import attention_mask, softmax
 from refllm.nn.rope import RopeTable, rotary_dims
+from refllm.nn.softcap import soft_cap
 from refllm.runtime.llm import LLM
 from refllm.testing.backends import LLMBackend, ModelBackend
 from refllm.testing.factories import BLOCK_SIZE
@@ -240,6 +242,48 @@ class SoftmaxWithoutMax(LlamaFamilyModel):
         return _UnshiftedSoftmax(super().create_kv_cache(config))
 
 
+def _softcap_after_mask(q, k, v, query_positions, scale, window=None, softcap=None):
+    """The spec attention with the soft-cap applied after the mask: a masked -inf becomes -cap, so
+    later keys and keys outside the window get weight exp(-cap - max) instead of none."""
+    group = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    scores = np.einsum("the,she->hts", q, k) * np.float32(scale)
+    scores = np.where(attention_mask(query_positions, k.shape[0], window)[None], scores, -np.inf)
+    if softcap is not None:
+        scores = soft_cap(scores, softcap)
+    return np.einsum("hts,she->the", softmax(scores), v).astype(q.dtype)
+
+
+class _CapAfterMask(_CacheProxy):
+    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=None):
+        return self.inner.attention(layer, seq_ids, q, scale, window, softcap, _softcap_after_mask)
+
+
+class SoftcapAfterMask(LlamaFamilyModel):
+    """Gemma 2's attention soft-cap applied after the causal mask instead of before it."""
+
+    def create_kv_cache(self, config=None):
+        return _CapAfterMask(super().create_kv_cache(config))
+
+
+class RopeOnNopeLayers(LlamaFamilyModel):
+    """SmolLM3's NoPE layers rotated like the others."""
+
+    def __init__(self, config, weights, tokenizer=None, *args):
+        super().__init__(config.with_overrides(nope_layers=()), weights, tokenizer, *args)
+
+
+class PreNormNotPostNorm(LlamaFamilyModel):
+    """OLMo 2's norms applied to the sublayers' inputs (Llama's placement) instead of their outputs."""
+
+    def decoder_layer(self, layer_index, w, x, positions, cache, seq_ids):
+        if not self.config.post_norms:
+            return super().decoder_layer(layer_index, w, x, positions, cache, seq_ids)
+        normed = self._norm(x, w.post_attention_layernorm)
+        x = x + self.self_attention(layer_index, w, normed, positions, cache, seq_ids)
+        return x + self.mlp(w, self._norm(x, w.post_feedforward_layernorm))
+
+
 class PadEmbeddingZeroed(LlamaFamilyModel):
     """Token id 0 (pad) embeds as zeros, as if a padding mask were applied to real input."""
 
@@ -432,6 +476,18 @@ def batch_rows_sorted(checkpoint):
     return _llm_backend(BatchRowsSorted, checkpoint)
 
 
+def softcap_after_mask(checkpoint):
+    return _backend(SoftcapAfterMask, checkpoint)
+
+
+def rope_on_nope_layers(checkpoint):
+    return _backend(RopeOnNopeLayers, checkpoint)
+
+
+def pre_norm_not_post_norm(checkpoint):
+    return _backend(PreNormNotPostNorm, checkpoint)
+
+
 MUTANTS = [
     rope_base_off,
     interleaved_rope,
@@ -455,6 +511,9 @@ MUTANTS = [
     accepts_decode_on_unknown_id,
     release_keeps_kv,
     batch_rows_sorted,
+    softcap_after_mask,
+    rope_on_nope_layers,
+    pre_norm_not_post_norm,
 ]
 
 # The property each mutant of issue 16 must be reported by: the one whose call exposes the bug.

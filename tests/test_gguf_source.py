@@ -22,19 +22,20 @@ import refllm
 from refllm import CacheConfig, LlamaFamilyModel, ModelConfig
 from refllm.errors import MissingTensorError, WeightError
 from refllm.io.gguf import (
-    GEMMA3_LOCAL_ROPE_THETA,
     GGUFFileError,
     GGUFSource,
     hf_name,
     permute,
     reverse_permute,
 )
+from refllm.io.gguf_families import GEMMA3_LOCAL_ROPE_THETA
 from refllm.io.safetensors import HFDirectorySource
 from refllm.loading import ModelNotFoundError
 from refllm.quant.linear import QuantizedTensor
 from tests.hf_fixtures import DATA, NEW_TOKENS
 
 GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma3_text": "gemma3"}
+GGUF_ARCHITECTURES |= {"gemma2": "gemma2", "smollm3": "smollm3", "olmo2": "olmo2"}
 # Fixtures whose every hyper-parameter a GGUF file can carry, with the tensor type to store them in
 # (the dtype the fixture's safetensors hold, so storing loses nothing).
 EXACT_CASES = {
@@ -75,14 +76,16 @@ def convert(case: str | Path, path, tensor_type: str = "F32", *, skip: tuple[str
     if global_rope.rope_type == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(global_rope.factor)
-    if arch != "gemma3":
+    if arch not in ("gemma3", "gemma2"):
         writer.add_rope_dimension_count(int(c.head_dim * global_rope.partial_rotary_factor))
     if arch == "phi3":
         writer.add_rope_scaling_orig_ctx_len(global_rope.original_max_position_embeddings)
-    if arch in ("phi3", "gemma3"):
+    if arch in ("phi3", "gemma3", "gemma2"):
         writer.add_sliding_window(c.sliding_window or 0)
     if c.final_logit_softcapping:
         writer.add_final_logit_softcapping(c.final_logit_softcapping)
+    if c.attn_logit_softcapping:
+        writer.add_attn_logit_softcapping(c.attn_logit_softcapping)
     for key, value in (extra or {}).items():
         writer.add_string(key, value) if isinstance(value, str) else writer.add_uint32(key, value)
     if more is not None:
@@ -103,12 +106,12 @@ def convert(case: str | Path, path, tensor_type: str = "F32", *, skip: tuple[str
 
 def _converted(arch: str, c: ModelConfig, name: str, weights: np.ndarray) -> np.ndarray:
     """What convert_hf_to_gguf.py's modify_tensors does to a tensor before storing it."""
-    if arch == "llama" and ".q_proj." in name:
+    if arch in ("llama", "smollm3") and ".q_proj." in name:
         return permute(weights, c.num_attention_heads)  # LlamaModel.permute(data, n_head, n_head)
-    if arch == "llama" and ".k_proj." in name:
+    if arch in ("llama", "smollm3") and ".k_proj." in name:
         return permute(weights, c.num_key_value_heads)  # LlamaModel.permute(data, n_head, n_kv_head)
-    if arch == "gemma3" and name.endswith("norm.weight"):
-        return weights + np.float32(1.0)  # Gemma3Model: data_torch + 1
+    if arch in ("gemma3", "gemma2") and name.endswith("norm.weight"):
+        return weights + np.float32(1.0)  # Gemma3Model, Gemma2Model: data_torch + 1
     return weights
 
 

@@ -6,8 +6,10 @@ only the resulting flags.
 
 from __future__ import annotations
 
-from refllm.architectures.gemma import read_gemma3, read_gemma3_text
+from refllm.architectures.gemma import read_gemma2, read_gemma3, read_gemma3_text
 from refllm.architectures.llama import read_llama, read_mistral, read_phi3, read_qwen
+from refllm.architectures.olmo2 import read_olmo2
+from refllm.architectures.smollm3 import read_smollm3
 
 READERS = {  # config.json's model_type -> its reader
     "llama": read_llama,
@@ -17,5 +19,8 @@ READERS = {  # config.json's model_type -> its reader
     "phi3": read_phi3,
     "gemma3_text": read_gemma3_text,
     "gemma3": read_gemma3,
+    "gemma2": read_gemma2,
+    "smollm3": read_smollm3,
+    "olmo2": read_olmo2,
 }
 SUPPORTED_ARCHITECTURES = tuple(READERS)

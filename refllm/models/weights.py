@@ -22,8 +22,8 @@ from refllm.errors import MissingTensorError, WeightError
 class LayerWeights:
     """One decoder layer. Projections are [out, in], as checkpoints store them."""
 
-    input_layernorm: np.ndarray  # [D]
-    post_attention_layernorm: np.ndarray  # [D]
+    input_layernorm: np.ndarray | None  # [D]; None under post-norms (OLMo 2)
+    post_attention_layernorm: np.ndarray  # [D]: Llama's pre-MLP norm; Gemma's and OLMo 2's after attention
     q_proj: np.ndarray  # [H*E, D]
     k_proj: np.ndarray  # [K*E, D]
     v_proj: np.ndarray  # [K*E, D]
@@ -38,10 +38,10 @@ class LayerWeights:
     gate_proj_bias: np.ndarray | None = None
     up_proj_bias: np.ndarray | None = None
     down_proj_bias: np.ndarray | None = None
-    q_norm: np.ndarray | None = None  # [E]
-    k_norm: np.ndarray | None = None  # [E]
+    q_norm: np.ndarray | None = None  # [E], or [H*E] over the whole projection (OLMo 2)
+    k_norm: np.ndarray | None = None  # [E], or [K*E]
     pre_feedforward_layernorm: np.ndarray | None = None  # [D], Gemma's sandwich norms
-    post_feedforward_layernorm: np.ndarray | None = None
+    post_feedforward_layernorm: np.ndarray | None = None  # [D], Gemma's and OLMo 2's
 
 
 @dataclass
@@ -76,7 +76,8 @@ def checkpoint_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         if config.o_proj_bias:
             shapes[attn + "o_proj.bias"] = (D,)
         if config.qk_norm:
-            shapes |= {attn + "q_norm.weight": (E,), attn + "k_norm.weight": (E,)}
+            q_norm, k_norm = ((H * E,), (K * E,)) if config.qk_norm_whole else ((E,), (E,))
+            shapes |= {attn + "q_norm.weight": q_norm, attn + "k_norm.weight": k_norm}
         if config.fused_gate_up:
             shapes[mlp + "gate_up_proj.weight"] = (2 * F, D)
         else:
@@ -87,6 +88,8 @@ def checkpoint_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         norms = ["input_layernorm", "post_attention_layernorm"]
         if config.sandwich_norms:
             norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+        if config.post_norms:
+            norms = ["post_attention_layernorm", "post_feedforward_layernorm"]
         for norm in norms:
             shapes[f"model.layers.{i}.{norm}.weight"] = (D,)
     return shapes

@@ -3,7 +3,7 @@
 For a query at position p and the keys at positions j = 0 .. S-1:
 
     score[h, j] = scale * q[h] . k[g(h), j]                 g(h) = h // (H / K)
-    score[h, j] = cap * tanh(score[h, j] / cap)             (optional soft-capping)
+    score[h, j] = cap * tanh(score[h, j] / cap)             (optional soft-capping, before the mask)
     score[h, j] = -inf   unless  j <= p  and  p - j < W     (causal, sliding window W)
     out[h]      = sum_j softmax(score[h])[j] * v[g(h), j]
 
@@ -14,6 +14,8 @@ key/value heads, H / K queries per group (multi-head attention is K = H).
 from __future__ import annotations
 
 import numpy as np
+
+from refllm.nn.softcap import soft_cap
 
 
 def attention_mask(query_positions: np.ndarray, num_keys: int, window: int | None = None) -> np.ndarray:
@@ -51,7 +53,7 @@ def attention(
     q_by_head = q.transpose(1, 0, 2)  # [H, T, E]
     scores = (q_by_head @ k.transpose(1, 2, 0)) * scale  # [H, T, E] @ [H, E, S] -> [H, T, S]
     if softcap is not None:
-        scores = softcap * np.tanh(scores / softcap)
+        scores = soft_cap(scores, softcap)
     allowed = attention_mask(query_positions, k.shape[0], window)  # [T, S]
     scores = np.where(allowed[None], scores, -np.inf)
     weights = softmax(scores)  # [H, T, S]

@@ -37,6 +37,9 @@ CLASS_NAMES = {  # the transformers causal-LM class of each architecture, for co
     "qwen3": "Qwen3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "smollm3": "SmolLM3ForCausalLM",
+    "olmo2": "Olmo2ForCausalLM",
 }
 
 
@@ -66,5 +69,15 @@ def tiny_config_json(model_type: str, sliding_window: int = 5) -> dict[str, Any]
         "gemma3_text": dict(
             head_dim=8, sliding_window=sliding_window, layer_types=["sliding_attention", "full_attention"]
         ),
+        # caps low enough that tiny random scores and logits reach them
+        "gemma2": dict(
+            head_dim=8,
+            sliding_window=sliding_window,
+            query_pre_attn_scalar=8,
+            attn_logit_softcapping=2.0,
+            final_logit_softcapping=3.0,
+        ),
+        "smollm3": dict(no_rope_layer_interval=2),  # the second of the two layers runs without RoPE
+        "olmo2": dict(head_dim=12),
     }[model_type]
     return base | extra

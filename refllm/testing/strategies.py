@@ -4,8 +4,8 @@ Sizes are tiny (a model runs in milliseconds) but every flag that changes the
 arithmetic is drawn: grouped-query ratios, head dims apart from hidden / heads,
 RoPE bases and scaling variants, partial rotary dims, sliding windows shorter
 than the inputs, biases, q/k norms, tied embeddings, Gemma's soft-capping and
-layer-type patterns, and RMSNorm epsilons large enough that misplacing one
-shows in the logits.
+layer-type patterns, SmolLM3's NoPE layers, OLMo 2's post-norms, and RMSNorm
+epsilons large enough that misplacing one shows in the logits.
 
 ``hf_configs()`` draws ``config.json`` dicts that both refllm and transformers
 read; ``checkpoints()`` adds seeded random weights, their scale drawn over
@@ -100,6 +100,19 @@ def hf_configs(draw, architectures: tuple[str, ...] = ARCHITECTURES, long_horizo
             },
         )
         return config
+    if model_type == "gemma2":
+        return config | dict(
+            hidden_activation="gelu_pytorch_tanh",
+            sliding_window=window,
+            layer_types=draw(
+                st.lists(st.sampled_from(["sliding_attention", "full_attention"]), min_size=layers, max_size=layers)
+            ),
+            query_pre_attn_scalar=draw(st.sampled_from([head_dim, 24, 256])),
+            attn_logit_softcapping=draw(st.sampled_from([None, 1.0, 5.0])),
+            final_logit_softcapping=draw(st.sampled_from([None, 3.0])),
+            attention_bias=draw(st.booleans()),
+            rope_theta=theta,
+        )
     config |= dict(
         rope_theta=theta,
         hidden_act=draw(st.sampled_from(["silu", "gelu_pytorch_tanh"])),
@@ -112,8 +125,11 @@ def hf_configs(draw, architectures: tuple[str, ...] = ARCHITECTURES, long_horizo
             config["max_position_embeddings"] = 16  # so inputs run past it and the base grows
     if model_type == "llama":
         config |= dict(attention_bias=draw(st.booleans()), mlp_bias=draw(st.booleans()))
-    elif model_type == "qwen3":
+    elif model_type in ("qwen3", "olmo2"):
         config |= dict(attention_bias=draw(st.booleans()))
+    elif model_type == "smollm3":  # no_rope_layers: 1 where the layer rotates, 0 for a NoPE layer
+        flags = st.lists(st.sampled_from([0, 1]), min_size=layers, max_size=layers)
+        config |= dict(attention_bias=draw(st.booleans()), mlp_bias=draw(st.booleans()), no_rope_layers=draw(flags))
     elif model_type == "phi3":
         config |= dict(
             partial_rotary_factor=draw(st.sampled_from([1.0, 0.5])), sliding_window=draw(st.none() | st.just(window))
