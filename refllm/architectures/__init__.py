@@ -7,7 +7,10 @@ only the resulting flags.
 from __future__ import annotations
 
 from refllm.architectures.gemma import read_gemma3, read_gemma3_text
+from refllm.architectures.gpt_oss import read_gpt_oss
 from refllm.architectures.llama import read_llama, read_mistral, read_phi3, read_qwen
+from refllm.architectures.mixtral import read_mixtral
+from refllm.architectures.qwen3_moe import read_qwen3_moe
 
 READERS = {  # config.json's model_type -> its reader
     "llama": read_llama,
@@ -17,5 +20,8 @@ READERS = {  # config.json's model_type -> its reader
     "phi3": read_phi3,
     "gemma3_text": read_gemma3_text,
     "gemma3": read_gemma3,
+    "mixtral": read_mixtral,
+    "qwen3_moe": read_qwen3_moe,
+    "gpt_oss": read_gpt_oss,
 }
 SUPPORTED_ARCHITECTURES = tuple(READERS)

@@ -10,12 +10,13 @@ set's attention or, for ``fast``, the cache's own kernels.
                         norm -> q, k, v projections -> (q/k norm) -> RoPE
                         -> write K/V into the cache -> attention over the cache
                         -> output projection -> (post-attention norm) -> residual
-                        -> norm -> MLP -> (post-MLP norm) -> residual
+                        -> norm -> MLP (or mixture of experts) -> (post-MLP norm) -> residual
         -> final norm -> LM head -> (soft-cap) -> logits
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import fields
 from typing import Any
@@ -26,8 +27,10 @@ from refllm.config import ModelConfig
 from refllm.errors import ContextLengthError, InvalidInputError, PositionError, TokenOutOfRangeError
 from refllm.kv import CacheConfig, CacheShape, KVCache, create_cache
 from refllm.models.contract import ModelMetadata, ModelSource
+from refllm.models.moe_layer import mixture_of_experts
 from refllm.models.ops import SPEC_OPS, OpSet, fast_ops
 from refllm.models.weights import LayerWeights, ModelWeights, assemble
+from refllm.nn.attention import attention as spec_attention
 from refllm.nn.rope import RopeTable
 
 DTYPES = ("float32", "float64")
@@ -176,20 +179,25 @@ class LlamaFamilyModel:
         self, layer_index: int, w: LayerWeights, x: np.ndarray, positions: np.ndarray, cache: KVCache, seq_ids: list
     ) -> np.ndarray:
         """x: [B, T, D] -> [B, T, D]."""
-        ops = self.ops
         sandwich = self.config.sandwich_norms
         h = self.self_attention(layer_index, w, self._norm(x, w.input_layernorm), positions, cache, seq_ids)
         if sandwich:  # Gemma normalises the attention output before the residual add
             h = self._norm(h, w.post_attention_layernorm)
         x = x + h
         # Llama's post_attention_layernorm is the pre-MLP norm; Gemma names it pre_feedforward_layernorm.
-        h = self._norm(x, w.pre_feedforward_layernorm if sandwich else w.post_attention_layernorm)
-        # refllm.nn.mlp.gated_mlp, one op at a time: down(act(gate(h)) * up(h))
-        gate, up = ops.linear(h, w.gate_proj, w.gate_proj_bias), ops.linear(h, w.up_proj, w.up_proj_bias)
-        h = ops.linear(ops.gated(gate, up, self.config.hidden_act), w.down_proj, w.down_proj_bias)
+        h = self.mlp(w, self._norm(x, w.pre_feedforward_layernorm if sandwich else w.post_attention_layernorm))
         if sandwich:
             h = self._norm(h, w.post_feedforward_layernorm)
         return x + h
+
+    def mlp(self, w: LayerWeights, h: np.ndarray) -> np.ndarray:
+        """h: [B, T, D] (normed) -> [B, T, D]: the gated MLP, or a sparse layer's mixture of experts."""
+        if w.experts is not None:
+            return mixture_of_experts(h, w, self.config, self.ops)
+        # refllm.nn.mlp.gated_mlp, one op at a time: down(act(gate(h)) * up(h))
+        ops = self.ops
+        gate, up = ops.linear(h, w.gate_proj, w.gate_proj_bias), ops.linear(h, w.up_proj, w.up_proj_bias)
+        return ops.linear(ops.gated(gate, up, self.config.hidden_act), w.down_proj, w.down_proj_bias)
 
     def self_attention(
         self, layer_index: int, w: LayerWeights, x: np.ndarray, positions: np.ndarray, cache: KVCache, seq_ids: list
@@ -206,8 +214,11 @@ class LlamaFamilyModel:
         q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
         cache.write(layer_index, seq_ids, k, v)
         window = c.window_for_layer(layer_index)
+        attend = ops.attention
+        if w.sinks is not None:  # the caches' own kernels have no sinks: the spec attention over the gathered keys
+            attend = functools.partial(attend or spec_attention, sinks=w.sinks)
         out = cache.attention(
-            layer_index, seq_ids, q, c.attention_scale, window, c.attn_logit_softcapping, ops.attention
+            layer_index, seq_ids, q, c.attention_scale, window, c.attn_logit_softcapping, attend
         )  # [B, T, H, E]
         return ops.linear(out.reshape(B, T, -1), w.o_proj, w.o_proj_bias)
 
@@ -298,7 +309,9 @@ def _check_dtype(dtype: Any, weights: ModelWeights) -> np.dtype:
 
 
 def _spec_ops_for(weights: ModelWeights) -> OpSet:
-    layer_arrays = [getattr(layer, field.name) for layer in weights.layers for field in fields(layer)]
+    layer_arrays = [getattr(layer, field.name) for layer in weights.layers for field in fields(layer) if field.name != "experts"]
+    experts = [expert for layer in weights.layers for expert in layer.experts or ()]
+    layer_arrays += [getattr(expert, field.name) for expert in experts for field in fields(expert)]
     if any(not isinstance(a, (np.ndarray, type(None))) for a in [weights.lm_head, *layer_arrays]):
         raise ModelDtypeError("the spec ops read dequantized weights; load the model without quantized=True")
     return SPEC_OPS

@@ -3,8 +3,8 @@
 ``checkpoint_shapes(config)`` is the weight-name map: every tensor a checkpoint
 of this architecture holds, with its shape. ``assemble`` reads them through a
 ``ModelSource``, refuses a checkpoint that disagrees, puts every float tensor in
-the model's dtype, and splits Phi-3's fused projections so the forward pass sees
-one layout for every architecture.
+the model's dtype, and splits Phi-3's fused projections (and fused experts,
+``expert_weights.py``) so the forward pass sees one layout for every architecture.
 """
 
 from __future__ import annotations
@@ -16,11 +16,16 @@ import numpy as np
 
 from refllm.config import ModelConfig
 from refllm.errors import MissingTensorError, WeightError
+from refllm.models.expert_weights import sparse_layer_shapes, sparse_layer_weights, stores_fused_experts
+from refllm.nn.moe import Expert
 
 
 @dataclass
 class LayerWeights:
-    """One decoder layer. Projections are [out, in], as checkpoints store them."""
+    """One decoder layer. Projections are [out, in], as checkpoints store them.
+
+    A sparse (mixture-of-experts) layer has ``router`` and ``experts`` instead of gate/up/down_proj.
+    """
 
     input_layernorm: np.ndarray  # [D]
     post_attention_layernorm: np.ndarray  # [D]
@@ -28,9 +33,9 @@ class LayerWeights:
     k_proj: np.ndarray  # [K*E, D]
     v_proj: np.ndarray  # [K*E, D]
     o_proj: np.ndarray  # [D, H*E]
-    gate_proj: np.ndarray  # [F, D]
-    up_proj: np.ndarray  # [F, D]
-    down_proj: np.ndarray  # [D, F]
+    gate_proj: np.ndarray | None  # [F, D]
+    up_proj: np.ndarray | None  # [F, D]
+    down_proj: np.ndarray | None  # [D, F]
     q_proj_bias: np.ndarray | None = None
     k_proj_bias: np.ndarray | None = None
     v_proj_bias: np.ndarray | None = None
@@ -42,6 +47,10 @@ class LayerWeights:
     k_norm: np.ndarray | None = None  # [E]
     pre_feedforward_layernorm: np.ndarray | None = None  # [D], Gemma's sandwich norms
     post_feedforward_layernorm: np.ndarray | None = None
+    sinks: np.ndarray | None = None  # [H], gpt-oss's attention sinks
+    router: np.ndarray | None = None  # [X, D]
+    router_bias: np.ndarray | None = None  # [X]
+    experts: list[Expert] | None = None
 
 
 @dataclass
@@ -56,8 +65,11 @@ class ModelWeights:
         return sum(weight_bytes_by_format(self).values())
 
 
-def checkpoint_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor name (Hugging Face spelling) of a checkpoint for ``config``, with its shape."""
+def checkpoint_shapes(config: ModelConfig, fused_experts: bool = False) -> dict[str, tuple[int, ...]]:
+    """Every tensor name (Hugging Face spelling) of a checkpoint for ``config``, with its shape.
+
+    fused_experts: the experts as one 3-D tensor per projection (``expert_weights.py``) rather than
+    per expert; gpt-oss's files always fuse them."""
     D, F, V, E = config.hidden_size, config.intermediate_size, config.vocab_size, config.head_dim
     H, K = config.num_attention_heads, config.num_key_value_heads
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (V, D), "model.norm.weight": (D,)}
@@ -77,11 +89,16 @@ def checkpoint_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes[attn + "o_proj.bias"] = (D,)
         if config.qk_norm:
             shapes |= {attn + "q_norm.weight": (E,), attn + "k_norm.weight": (E,)}
-        if config.fused_gate_up:
+        if config.attention_sinks:
+            shapes[attn + "sinks"] = (H,)
+        if config.is_sparse(i):
+            shapes |= sparse_layer_shapes(config, i, fused_experts or stores_fused_experts(config, ()))
+        elif config.fused_gate_up:
             shapes[mlp + "gate_up_proj.weight"] = (2 * F, D)
         else:
             shapes |= {mlp + "gate_proj.weight": (F, D), mlp + "up_proj.weight": (F, D)}
-        shapes[mlp + "down_proj.weight"] = (D, F)
+        if not config.is_sparse(i):
+            shapes[mlp + "down_proj.weight"] = (D, F)
         if config.mlp_bias:
             shapes |= {mlp + "gate_proj.bias": (F,), mlp + "up_proj.bias": (F,), mlp + "down_proj.bias": (D,)}
         norms = ["input_layernorm", "post_attention_layernorm"]
@@ -113,12 +130,13 @@ def assemble(config: ModelConfig, source, dtype=np.float32) -> ModelWeights:
 
     Float tensors come out in ``dtype``; a quantized matrix (a ``QuantizedTensor``) stays in its blocks.
     """
-    expected = checkpoint_shapes(config)
     available = {}
     for stored in source.tensor_names():
         name = canonical_name(stored)
         if name is not None:
             available[name] = stored
+    fused_experts = config.moe is not None and stores_fused_experts(config, available)
+    expected = checkpoint_shapes(config, fused_experts)
     optional = {"lm_head.weight"} if config.tie_word_embeddings else set()
     unexpected = sorted(set(available) - set(expected) - optional)
     if unexpected:
@@ -137,10 +155,10 @@ def assemble(config: ModelConfig, source, dtype=np.float32) -> ModelWeights:
                 f" config.json implies {shape}"
             )
         tensors[name] = np.asarray(array, dtype) if isinstance(array, np.ndarray) else array
-    return _from_tensors(config, tensors)
+    return _from_tensors(config, tensors, fused_experts)
 
 
-def _from_tensors(config: ModelConfig, tensors: dict[str, np.ndarray]) -> ModelWeights:
+def _from_tensors(config: ModelConfig, tensors: dict[str, np.ndarray], fused_experts: bool) -> ModelWeights:
     H, K, E, F = config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.intermediate_size
     layers = []
     for i in range(config.num_hidden_layers):
@@ -160,6 +178,9 @@ def _from_tensors(config: ModelConfig, tensors: dict[str, np.ndarray]) -> ModelW
             gate, up = gate_up[:F], gate_up[F:]
         else:
             gate, up = get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")
+        router = router_bias = experts = None
+        if config.is_sparse(i):
+            router, router_bias, experts = sparse_layer_weights(config, i, fused_experts, tensors.get)
         layers.append(
             LayerWeights(
                 input_layernorm=get("input_layernorm.weight"),
@@ -182,6 +203,10 @@ def _from_tensors(config: ModelConfig, tensors: dict[str, np.ndarray]) -> ModelW
                 k_norm=get("self_attn.k_norm.weight"),
                 pre_feedforward_layernorm=get("pre_feedforward_layernorm.weight"),
                 post_feedforward_layernorm=get("post_feedforward_layernorm.weight"),
+                sinks=get("self_attn.sinks"),
+                router=router,
+                router_bias=router_bias,
+                experts=experts,
             )
         )
     embed = tensors["model.embed_tokens.weight"]

@@ -1,0 +1,102 @@
+"""The tensors of a sparse layer (router and experts) in the layouts checkpoints hold them.
+
+Two layouts reach refllm:
+
+    per expert  one [out, in] matrix per expert and projection, as the Hub's
+                Mixtral and Qwen3-MoE files (and transformers 5's ``save_pretrained``) hold them:
+                  Mixtral    block_sparse_moe.gate.weight [X, D], block_sparse_moe.experts.{e}.w1/w3 [M, D]
+                             (gate, up), .w2 [D, M] (down)
+                  Qwen3-MoE  mlp.gate.weight [X, D], mlp.experts.{e}.gate_proj/up_proj [M, D], .down_proj [D, M]
+    fused       all experts in one 3-D tensor per projection, as transformers 5 keeps them in memory
+                (its ``state_dict``) and as gpt-oss's files hold them:
+                  Mixtral, Qwen3-MoE   mlp.gate.weight [X, D], mlp.experts.gate_up_proj [X, 2M, D]
+                                       (gate rows, then up rows), mlp.experts.down_proj [X, D, M]
+                  gpt-oss              mlp.router.weight [X, D] + .bias [X], mlp.experts.gate_up_proj [X, D, 2M]
+                                       ([in, out], gate and up columns interleaved: gate 0, up 0, gate 1, ...)
+                                       + gate_up_proj_bias [X, 2M], mlp.experts.down_proj [X, M, D] + down_proj_bias [X, D]
+
+Either way the forward pass sees a list of ``Expert``, each projection a contiguous [out, in] matrix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import numpy as np
+
+from refllm.config import ModelConfig
+from refllm.nn.moe import Expert
+
+# model_type -> (router name, expert prefix with {e}, gate, up, down names) of the per-expert layout
+PER_EXPERT_NAMES = {
+    "mixtral": ("block_sparse_moe.gate", "block_sparse_moe.experts.{e}.", "w1", "w3", "w2"),
+    "qwen3_moe": ("mlp.gate", "mlp.experts.{e}.", "gate_proj", "up_proj", "down_proj"),
+}
+# Architectures whose files hold experts fused, transposed to [in, out] with gate/up columns interleaved.
+INTERLEAVED_FUSED = ("gpt_oss",)
+FUSED_SUFFIX = ".mlp.experts.gate_up_proj"
+
+
+def stores_fused_experts(config: ModelConfig, tensor_names: Iterable[str]) -> bool:
+    """Whether a checkpoint holds its experts fused (one 3-D tensor per projection)."""
+    return config.model_type not in PER_EXPERT_NAMES or any(name.endswith(FUSED_SUFFIX) for name in tensor_names)
+
+
+def sparse_layer_shapes(config: ModelConfig, layer: int, fused: bool) -> dict[str, tuple[int, ...]]:
+    """The router's and experts' tensor names of sparse ``layer``, with their shapes."""
+    moe = config.moe
+    D, M, X = config.hidden_size, moe.moe_intermediate_size, moe.num_experts
+    prefix = f"model.layers.{layer}."
+    if not fused:
+        router, expert, gate, up, down = PER_EXPERT_NAMES[config.model_type]
+        shapes = {f"{prefix}{router}.weight": (X, D)}
+        for e in range(X):
+            names = prefix + expert.format(e=e)
+            shapes |= {f"{names}{gate}.weight": (M, D), f"{names}{up}.weight": (M, D), f"{names}{down}.weight": (D, M)}
+        return shapes
+    experts = prefix + "mlp.experts."
+    if config.model_type in INTERLEAVED_FUSED:
+        shapes = {f"{prefix}mlp.router.weight": (X, D), experts + "gate_up_proj": (X, D, 2 * M)}
+        shapes[experts + "down_proj"] = (X, M, D)
+    else:
+        shapes = {f"{prefix}mlp.gate.weight": (X, D), experts + "gate_up_proj": (X, 2 * M, D)}
+        shapes[experts + "down_proj"] = (X, D, M)
+    if moe.router_bias:
+        shapes[f"{prefix}mlp.router.bias"] = (X,)
+    if moe.expert_bias:
+        shapes |= {experts + "gate_up_proj_bias": (X, 2 * M), experts + "down_proj_bias": (X, D)}
+    return shapes
+
+
+def sparse_layer_weights(
+    config: ModelConfig, layer: int, fused: bool, get: Callable[[str], np.ndarray | None]
+) -> tuple[np.ndarray, np.ndarray | None, list[Expert]]:
+    """-> (router [X, D], router bias [X] or None, the experts) of sparse ``layer``; ``get(name)`` reads a tensor."""
+    prefix = f"model.layers.{layer}."
+    X = config.moe.num_experts
+    if not fused:
+        router, expert, gate, up, down = PER_EXPERT_NAMES[config.model_type]
+        experts = []
+        for e in range(X):
+            names = prefix + expert.format(e=e)
+            experts.append(Expert(get(f"{names}{gate}.weight"), get(f"{names}{up}.weight"), get(f"{names}{down}.weight")))
+        return get(f"{prefix}{router}.weight"), None, experts
+    gate_up, down = get(prefix + "mlp.experts.gate_up_proj"), get(prefix + "mlp.experts.down_proj")
+    gate_up_bias, down_bias = get(prefix + "mlp.experts.gate_up_proj_bias"), get(prefix + "mlp.experts.down_proj_bias")
+    if config.model_type in INTERLEAVED_FUSED:
+        # [X, D, 2M] columns gate 0, up 0, gate 1, up 1, ...: to [out, in] rows
+        gates, ups, downs = gate_up[:, :, ::2].transpose(0, 2, 1), gate_up[:, :, 1::2].transpose(0, 2, 1), down.transpose(0, 2, 1)
+        gate_biases = gate_up_bias[:, ::2] if gate_up_bias is not None else None
+        up_biases = gate_up_bias[:, 1::2] if gate_up_bias is not None else None
+        router = get(prefix + "mlp.router.weight")
+    else:
+        M = config.moe.moe_intermediate_size
+        gates, ups, downs = gate_up[:, :M], gate_up[:, M:], down  # rows [gate | up]
+        gate_biases = up_biases = None
+        router = get(prefix + "mlp.gate.weight")
+    experts = [
+        Expert(*(None if stacked is None else np.ascontiguousarray(stacked[e])
+                 for stacked in (gates, ups, downs, gate_biases, up_biases, down_bias)))
+        for e in range(X)
+    ]
+    return router, get(prefix + "mlp.router.bias"), experts
