@@ -37,6 +37,9 @@ CLASS_NAMES = {  # the transformers causal-LM class of each architecture, for co
     "qwen3": "Qwen3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
 }
 
 
@@ -65,6 +68,15 @@ def tiny_config_json(model_type: str, sliding_window: int = 5) -> dict[str, Any]
         "phi3": dict(partial_rotary_factor=0.5),
         "gemma3_text": dict(
             head_dim=8, sliding_window=sliding_window, layer_types=["sliding_attention", "full_attention"]
+        ),
+        "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=sliding_window),
+        "qwen3_moe": dict(
+            head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, mlp_only_layers=[1]
+        ),
+        "gpt_oss": dict(
+            head_dim=8, num_local_experts=4, num_experts_per_tok=2, sliding_window=sliding_window, swiglu_limit=1.0,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 150_000.0, "factor": 2.0, "truncate": False,
+                             "original_max_position_embeddings": 32},
         ),
     }[model_type]
     return base | extra
