@@ -36,13 +36,15 @@ import numpy as np
 from refllm.config import ConfigError, ModelConfig
 from refllm.config_checks import check_layer_count, check_number, check_size, check_token_id
 from refllm.errors import WeightError
+from refllm.io.gguf_experts import EXPERT_LAYER_NAMES, moe_config
 from refllm.io.gguf_header import GGUFHeader, TensorInfo, map_file
 from refllm.io.gguf_tokenizer import tokenizer_from_gguf, tokenizer_metadata
 from refllm.quant.formats import FORMATS, dequantize
 from refllm.quant.linear import QuantizedTensor, kernel_reads
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", "gemma3")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", "gemma3", "qwen3moe")
 _MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma3": "gemma3_text"}
+# (a llama file with experts is Mixtral, and qwen3moe is Qwen3-MoE: ``gguf_experts.py``)
 
 # Gemma 3 hyper-parameters its GGUF files do not carry. llama.cpp fixes the same values
 # when it loads a gemma3 file (src/llama-model.cpp, LLM_ARCH_GEMMA3), from the published
@@ -104,7 +106,7 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
-}
+} | EXPERT_LAYER_NAMES
 _ARCHITECTURE_LAYER_NAMES = {
     # Gemma's sandwich norms: its post_attention_layernorm follows attention, and the
     # pre-MLP norm (GGUF's ffn_norm) is pre_feedforward_layernorm.
@@ -325,7 +327,7 @@ class GGUFSource:
         if value_dim != head_dim:
             raise GGUFFileError(f"{self.path}: key length {head_dim} and value length {value_dim} differ")
         config: dict[str, Any] = dict(
-            model_type=_MODEL_TYPES[arch],
+            model_type=_MODEL_TYPES.get(arch),
             vocab_size=int(self._tensors["model.embed_tokens.weight"].shape[0]),  # [V, D]
             hidden_size=hidden_size,
             intermediate_size=self._size(key("feed_forward_length")),
@@ -354,7 +356,7 @@ class GGUFSource:
             config["sliding_window"] = window
         if arch == "gemma3":
             config |= self._gemma3(window, hidden_size, num_heads, head_dim)
-        return config
+        return config | moe_config(arch, self._value, self._size, self._tensors)
 
     def _rope_scaling(self, key) -> dict[str, Any] | None:
         kind = self._value(key("rope.scaling.type"), "none")

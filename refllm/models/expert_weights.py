@@ -1,6 +1,6 @@
 """The tensors of a sparse layer (router and experts) in the layouts checkpoints hold them.
 
-Two layouts reach refllm:
+Three layouts reach refllm:
 
     per expert  one [out, in] matrix per expert and projection, as the Hub's
                 Mixtral and Qwen3-MoE files (and transformers 5's ``save_pretrained``) hold them:
@@ -14,8 +14,12 @@ Two layouts reach refllm:
                   gpt-oss              mlp.router.weight [X, D] + .bias [X], mlp.experts.gate_up_proj [X, D, 2M]
                                        ([in, out], gate and up columns interleaved: gate 0, up 0, gate 1, ...)
                                        + gate_up_proj_bias [X, 2M], mlp.experts.down_proj [X, M, D] + down_proj_bias [X, D]
+    stacked     one 3-D tensor per projection, gate and up apart, as llama.cpp's GGUF files
+                hold them (``ffn_gate_exps``, ``ffn_up_exps``, ``ffn_down_exps``; ``refllm/io/gguf.py``):
+                  mlp.gate.weight [X, D], mlp.experts.gate_proj.weight / up_proj.weight [X, M, D],
+                  mlp.experts.down_proj.weight [X, D, M]
 
-Either way the forward pass sees a list of ``Expert``, each projection a contiguous [out, in] matrix.
+Whichever it is, the forward pass sees a list of ``Expert``, each projection a contiguous [out, in] matrix.
 """
 
 from __future__ import annotations
@@ -34,27 +38,36 @@ PER_EXPERT_NAMES = {
 }
 # Architectures whose files hold experts fused, transposed to [in, out] with gate/up columns interleaved.
 INTERLEAVED_FUSED = ("gpt_oss",)
-FUSED_SUFFIX = ".mlp.experts.gate_up_proj"
+PER_EXPERT, FUSED, STACKED = "per expert", "fused", "stacked"
 
 
-def stores_fused_experts(config: ModelConfig, tensor_names: Iterable[str]) -> bool:
-    """Whether a checkpoint holds its experts fused (one 3-D tensor per projection)."""
-    return config.model_type not in PER_EXPERT_NAMES or any(name.endswith(FUSED_SUFFIX) for name in tensor_names)
+def expert_layout(config: ModelConfig, tensor_names: Iterable[str]) -> str:
+    """Which layout a checkpoint holds its experts in (see the module docstring)."""
+    names = list(tensor_names)
+    if any(name.endswith(".mlp.experts.gate_proj.weight") for name in names):
+        return STACKED
+    if config.model_type not in PER_EXPERT_NAMES or any(name.endswith(".mlp.experts.gate_up_proj") for name in names):
+        return FUSED
+    return PER_EXPERT
 
 
-def sparse_layer_shapes(config: ModelConfig, layer: int, fused: bool) -> dict[str, tuple[int, ...]]:
-    """The router's and experts' tensor names of sparse ``layer``, with their shapes."""
+def sparse_layer_shapes(config: ModelConfig, layer: int, layout: str) -> dict[str, tuple[int, ...]]:
+    """The router's and experts' tensor names of sparse ``layer`` in ``layout``, with their shapes."""
     moe = config.moe
     D, M, X = config.hidden_size, moe.moe_intermediate_size, moe.num_experts
     prefix = f"model.layers.{layer}."
-    if not fused:
+    if layout == STACKED:
+        experts = prefix + "mlp.experts."
+        shapes = {f"{prefix}mlp.gate.weight": (X, D), experts + "gate_proj.weight": (X, M, D)}
+        return shapes | {experts + "up_proj.weight": (X, M, D), experts + "down_proj.weight": (X, D, M)}
+    if layout == PER_EXPERT:
         router, expert, gate, up, down = PER_EXPERT_NAMES[config.model_type]
         shapes = {f"{prefix}{router}.weight": (X, D)}
         for e in range(X):
             names = prefix + expert.format(e=e)
             shapes |= {f"{names}{gate}.weight": (M, D), f"{names}{up}.weight": (M, D), f"{names}{down}.weight": (D, M)}
         return shapes
-    experts = prefix + "mlp.experts."
+    experts = prefix + "mlp.experts."  # FUSED
     if config.model_type in INTERLEAVED_FUSED:
         shapes = {f"{prefix}mlp.router.weight": (X, D), experts + "gate_up_proj": (X, D, 2 * M)}
         shapes[experts + "down_proj"] = (X, M, D)
@@ -69,12 +82,15 @@ def sparse_layer_shapes(config: ModelConfig, layer: int, fused: bool) -> dict[st
 
 
 def sparse_layer_weights(
-    config: ModelConfig, layer: int, fused: bool, get: Callable[[str], np.ndarray | None]
+    config: ModelConfig, layer: int, layout: str, get: Callable[[str], np.ndarray | None]
 ) -> tuple[np.ndarray, np.ndarray | None, list[Expert]]:
     """-> (router [X, D], router bias [X] or None, the experts) of sparse ``layer``; ``get(name)`` reads a tensor."""
     prefix = f"model.layers.{layer}."
     X = config.moe.num_experts
-    if not fused:
+    if layout == STACKED:
+        gates, ups, downs = (get(f"{prefix}mlp.experts.{name}.weight") for name in ("gate_proj", "up_proj", "down_proj"))
+        return get(prefix + "mlp.gate.weight"), None, [Expert(gates[e], ups[e], downs[e]) for e in range(X)]
+    if layout == PER_EXPERT:
         router, expert, gate, up, down = PER_EXPERT_NAMES[config.model_type]
         experts = []
         for e in range(X):

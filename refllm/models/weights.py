@@ -16,7 +16,7 @@ import numpy as np
 
 from refllm.config import ModelConfig
 from refllm.errors import MissingTensorError, WeightError
-from refllm.models.expert_weights import sparse_layer_shapes, sparse_layer_weights, stores_fused_experts
+from refllm.models.expert_weights import expert_layout, sparse_layer_shapes, sparse_layer_weights
 from refllm.nn.moe import Expert
 
 
@@ -65,11 +65,11 @@ class ModelWeights:
         return sum(weight_bytes_by_format(self).values())
 
 
-def checkpoint_shapes(config: ModelConfig, fused_experts: bool = False) -> dict[str, tuple[int, ...]]:
+def checkpoint_shapes(config: ModelConfig, layout: str | None = None) -> dict[str, tuple[int, ...]]:
     """Every tensor name (Hugging Face spelling) of a checkpoint for ``config``, with its shape.
 
-    fused_experts: the experts as one 3-D tensor per projection (``expert_weights.py``) rather than
-    per expert; gpt-oss's files always fuse them."""
+    layout: how a sparse layer's experts are stored (``expert_weights.py``); by default as the
+    architecture's files on the Hub hold them."""
     D, F, V, E = config.hidden_size, config.intermediate_size, config.vocab_size, config.head_dim
     H, K = config.num_attention_heads, config.num_key_value_heads
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (V, D), "model.norm.weight": (D,)}
@@ -92,7 +92,7 @@ def checkpoint_shapes(config: ModelConfig, fused_experts: bool = False) -> dict[
         if config.attention_sinks:
             shapes[attn + "sinks"] = (H,)
         if config.is_sparse(i):
-            shapes |= sparse_layer_shapes(config, i, fused_experts or stores_fused_experts(config, ()))
+            shapes |= sparse_layer_shapes(config, i, layout or expert_layout(config, ()))
         elif config.fused_gate_up:
             shapes[mlp + "gate_up_proj.weight"] = (2 * F, D)
         else:
@@ -135,8 +135,8 @@ def assemble(config: ModelConfig, source, dtype=np.float32) -> ModelWeights:
         name = canonical_name(stored)
         if name is not None:
             available[name] = stored
-    fused_experts = config.moe is not None and stores_fused_experts(config, available)
-    expected = checkpoint_shapes(config, fused_experts)
+    layout = expert_layout(config, available) if config.moe is not None else None
+    expected = checkpoint_shapes(config, layout)
     optional = {"lm_head.weight"} if config.tie_word_embeddings else set()
     unexpected = sorted(set(available) - set(expected) - optional)
     if unexpected:
@@ -155,10 +155,10 @@ def assemble(config: ModelConfig, source, dtype=np.float32) -> ModelWeights:
                 f" config.json implies {shape}"
             )
         tensors[name] = np.asarray(array, dtype) if isinstance(array, np.ndarray) else array
-    return _from_tensors(config, tensors, fused_experts)
+    return _from_tensors(config, tensors, layout)
 
 
-def _from_tensors(config: ModelConfig, tensors: dict[str, np.ndarray], fused_experts: bool) -> ModelWeights:
+def _from_tensors(config: ModelConfig, tensors: dict[str, np.ndarray], layout: str | None) -> ModelWeights:
     H, K, E, F = config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.intermediate_size
     layers = []
     for i in range(config.num_hidden_layers):
@@ -180,7 +180,7 @@ def _from_tensors(config: ModelConfig, tensors: dict[str, np.ndarray], fused_exp
             gate, up = get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")
         router = router_bias = experts = None
         if config.is_sparse(i):
-            router, router_bias, experts = sparse_layer_weights(config, i, fused_experts, tensors.get)
+            router, router_bias, experts = sparse_layer_weights(config, i, layout, tensors.get)
         layers.append(
             LayerWeights(
                 input_layernorm=get("input_layernorm.weight"),
