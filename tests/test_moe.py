@@ -17,12 +17,23 @@ import refllm
 from refllm import CacheConfig, InMemorySource, LlamaFamilyModel, ModelConfig
 from refllm.errors import ConfigError
 from refllm.io.safetensors import HFDirectorySource
+from refllm.models.random import random_tensors
 from refllm.nn.attention import attention, softmax, softmax_with_sink
 from refllm.nn.mlp import clamped_swiglu
-from refllm.nn.moe import Expert, experts_forward, softmax_then_topk, swiglu_expert, top_k, topk_then_softmax
+from refllm.nn.moe import (
+    Expert,
+    experts_forward,
+    softmax_then_topk,
+    swiglu_expert,
+    top_k,
+    topk_then_softmax,
+)
 from refllm.runtime.llm import LLM
+from refllm.testing.strategies import hf_configs
+from refllm.testing.truth import relative_error
 from tests.hf_fixtures import DATA, NEW_TOKENS
 from tests.test_hf_parity import ATOL, RTOL, all_logits, greedy
+from tests.test_op_sets import ROUNDING_MULTIPLE, ULP_FLOOR
 
 MOE_CASES = ["mixtral", "qwen3_moe", "gpt_oss"]
 CLOSE = dict(rtol=1e-5, atol=1e-5)  # the same arithmetic on other row groupings: float32 rounding
@@ -271,3 +282,44 @@ def test_sink_layers_run_on_both_caches_and_both_op_sets(kind):
         model = refllm.load_model(DATA / "gpt_oss", reference=spec)
         np.testing.assert_allclose(all_logits(model, reference["input_ids"], kind), reference["logits"], ATOL, RTOL)
         assert greedy(model, reference["input_ids"], 8, kind) == reference["greedy"][:8].tolist()
+
+
+# --- the op sets ---------------------------------------------------------------------------------
+
+
+@settings(max_examples=10, deadline=None)
+@given(config_json=hf_configs(architectures=MOE_CASES), seed=st.integers(0, 100), kind=st.sampled_from(["contiguous", "paged"]))
+def test_fast_ops_run_the_experts_as_the_spec_does(config_json, seed, kind):
+    """The experts loop through the kernels' linear against the spec's, on drawn MoE configs: within the
+    rounding bound of tests/test_op_sets.py (each path's float32 error against float64 truth)."""
+    config = ModelConfig.from_hf(config_json)
+    tensors = random_tensors(config, seed)
+    tokens = np.random.default_rng(seed).integers(0, config.vocab_size, size=(1, 12))
+
+    def logits(dtype, reference, kind):
+        model = LlamaFamilyModel.load(InMemorySource(config, tensors), dtype, reference)
+        cache = model.create_kv_cache(CacheConfig(kind=kind, block_size=4))
+        rows = list(model.prefill_all_logits(tokens[:, :8], cache, range(8))[0])
+        return np.stack(rows + [model.decode(tokens[:, [t]], cache)[0] for t in range(8, 12)])
+
+    truth, spec, fast = logits("float64", True, "contiguous"), logits("float32", True, kind), logits("float32", False, kind)
+    assert relative_error(fast, spec) <= ROUNDING_MULTIPLE * max(relative_error(spec, truth), ULP_FLOOR)
+
+
+def test_a_decode_step_reads_only_the_chosen_experts():
+    model = refllm.load_model(DATA / "mixtral")
+    cache = model.create_kv_cache()
+    model.prefill(np.array([[5, 9, 33, 2]]), cache, range(4))
+    read = set()
+    linear = model.ops.linear
+
+    def recording_linear(x, weight, bias=None):
+        read.add(id(weight))
+        return linear(x, weight, bias)
+
+    model.ops = replace(model.ops, linear=recording_linear)
+    model.decode(np.array([[7]]), cache)
+    for layer in model.weights.layers:
+        touched = [e for e, expert in enumerate(layer.experts) if id(expert.gate_proj) in read]
+        assert len(touched) == model.config.moe.experts_per_token  # 2 of 4: the others' weights stay unread
+        assert all({id(layer.experts[e].up_proj), id(layer.experts[e].down_proj)} <= read for e in touched)

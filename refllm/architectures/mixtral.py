@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from refllm.architectures.keys import HFKeys, common_fields, expert_count, rope_for_types, single_rope, window_layer_types
+from refllm.architectures.keys import (
+    HFKeys,
+    common_fields,
+    expert_count,
+    rope_for_types,
+    single_rope,
+    window_layer_types,
+)
 from refllm.moe_parameters import SOFTMAX_THEN_TOPK, MoeParameters
 
 MIXTRAL_ROPE_THETA = 1_000_000.0

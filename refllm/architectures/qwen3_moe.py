@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from refllm.architectures.keys import HFKeys, common_fields, expert_count, rope_for_types, single_rope
+from refllm.architectures.keys import (
+    HFKeys,
+    common_fields,
+    expert_count,
+    rope_for_types,
+    single_rope,
+)
 from refllm.errors import ConfigError
 from refllm.moe_parameters import SOFTMAX_THEN_TOPK, MoeParameters
 from refllm.rope_parameters import FULL_ATTENTION, SLIDING_ATTENTION

@@ -16,7 +16,11 @@ import numpy as np
 
 from refllm.config import ModelConfig
 from refllm.errors import MissingTensorError, WeightError
-from refllm.models.expert_weights import expert_layout, sparse_layer_shapes, sparse_layer_weights
+from refllm.models.expert_weights import (
+    expert_layout,
+    sparse_layer_shapes,
+    sparse_layer_weights,
+)
 from refllm.nn.moe import Expert
 
 
