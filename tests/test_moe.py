@@ -17,6 +17,7 @@ import refllm
 from refllm import CacheConfig, InMemorySource, LlamaFamilyModel, ModelConfig
 from refllm.errors import ConfigError
 from refllm.io.safetensors import HFDirectorySource
+from refllm.memory import weight_bytes
 from refllm.models.random import random_tensors
 from refllm.nn.attention import attention, softmax, softmax_with_sink
 from refllm.nn.mlp import clamped_swiglu
@@ -157,6 +158,7 @@ def test_parameter_counts_count_every_expert_and_the_active_ones():
     config = ModelConfig.from_hf(_config_json("mixtral"))
     weights = refllm.load_model(DATA / "mixtral").weights
     assert weights.nbytes() == 4 * config.num_parameters  # float32: every expert is held
+    assert weight_bytes(HFDirectorySource(DATA / "mixtral"), quantized=False) == weights.nbytes()  # the estimate
     D, M, X, k, L = config.hidden_size, config.moe.moe_intermediate_size, 4, 2, config.num_hidden_layers
     assert config.num_parameters - config.active_parameters == L * (X - k) * 3 * D * M
     dense = ModelConfig.from_hf(_config_json("llama"))
