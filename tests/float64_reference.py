@@ -136,7 +136,8 @@ def _experts(w: dict, p: str, h: np.ndarray, c: ModelConfig) -> np.ndarray:
     else:
         router = p + ("block_sparse_moe.gate.weight" if p + "block_sparse_moe.gate.weight" in w else "mlp.gate.weight")
         scores = w[router] @ h
-    ranked = sorted(range(len(scores)), key=lambda e: -scores[e])[: moe.experts_per_token]  # stable: ties to the lower id
+    # Python's sort is stable: a tie goes to the lower expert id
+    ranked = sorted(range(len(scores)), key=lambda e: -scores[e])[: moe.experts_per_token]
     if moe.routing == "topk_then_softmax":
         exps = [math.exp(scores[e] - scores[ranked[0]]) for e in ranked]
         chosen = [(e, x / sum(exps)) for e, x in zip(ranked, exps)]

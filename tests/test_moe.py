@@ -99,8 +99,10 @@ def test_clamped_swiglu_follows_its_equation():
 
 
 @settings(max_examples=30, deadline=None)
-@given(arrays(np.float64, st.tuples(st.integers(1, 3), st.integers(1, 4), st.integers(1, 6)), elements=st.floats(-50, 50)),
-       st.data())
+@given(
+    arrays(np.float64, st.tuples(st.integers(1, 3), st.integers(1, 4), st.integers(1, 6)), elements=st.floats(-50, 50)),
+    st.data(),
+)
 def test_a_sink_is_a_key_without_a_value(scores, data):
     sinks = data.draw(arrays(np.float64, scores.shape[0], elements=st.floats(-50, 50)))
     weights = softmax_with_sink(scores, sinks)
@@ -180,7 +182,8 @@ def _fused(tensors: dict, config: ModelConfig) -> dict:
         p = f"model.layers.{i}."
         moe_prefix = p + ("block_sparse_moe." if config.model_type == "mixtral" else "mlp.")
         names = ("w1", "w3", "w2") if config.model_type == "mixtral" else ("gate_proj", "up_proj", "down_proj")
-        expert = [[tensors[f"{moe_prefix}experts.{e}.{n}.weight"] for n in names] for e in range(config.moe.num_experts)]
+        X = config.moe.num_experts
+        expert = [[tensors[f"{moe_prefix}experts.{e}.{n}.weight"] for n in names] for e in range(X)]
         fused[p + "mlp.gate.weight"] = tensors[moe_prefix + "gate.weight"]
         fused[p + "mlp.experts.gate_up_proj"] = np.stack([np.concatenate([g, u]) for g, u, _ in expert])
         fused[p + "mlp.experts.down_proj"] = np.stack([d for _, _, d in expert])
@@ -254,7 +257,9 @@ MECHANISMS = {
     "mixtral: no renormalisation": lambda: _moe_changed("mixtral", norm_topk_prob=False),
     "qwen3_moe: renormalised": lambda: _moe_changed("qwen3_moe", norm_topk_prob=True),
     "qwen3_moe: top-k before the softmax": lambda: _moe_changed("qwen3_moe", routing="topk_then_softmax"),
-    "gpt_oss: softmax before the top-k": lambda: _moe_changed("gpt_oss", routing="softmax_then_topk", norm_topk_prob=False),
+    "gpt_oss: softmax before the top-k": lambda: _moe_changed(
+        "gpt_oss", routing="softmax_then_topk", norm_topk_prob=False
+    ),
     "gpt_oss: no clamp": lambda: _moe_changed("gpt_oss", swiglu_limit=1e9),
     "gpt_oss: no sinks": lambda: _without_sinks("gpt_oss"),
 }
@@ -290,7 +295,11 @@ def test_sink_layers_run_on_both_caches_and_both_op_sets(kind):
 
 
 @settings(max_examples=10, deadline=None)
-@given(config_json=hf_configs(architectures=MOE_CASES), seed=st.integers(0, 100), kind=st.sampled_from(["contiguous", "paged"]))
+@given(
+    config_json=hf_configs(architectures=MOE_CASES),
+    seed=st.integers(0, 100),
+    kind=st.sampled_from(["contiguous", "paged"]),
+)
 def test_fast_ops_run_the_experts_as_the_spec_does(config_json, seed, kind):
     """The experts loop through the kernels' linear against the spec's, on drawn MoE configs: within the
     rounding bound of tests/test_op_sets.py (each path's float32 error against float64 truth)."""
@@ -304,7 +313,8 @@ def test_fast_ops_run_the_experts_as_the_spec_does(config_json, seed, kind):
         rows = list(model.prefill_all_logits(tokens[:, :8], cache, range(8))[0])
         return np.stack(rows + [model.decode(tokens[:, [t]], cache)[0] for t in range(8, 12)])
 
-    truth, spec, fast = logits("float64", True, "contiguous"), logits("float32", True, kind), logits("float32", False, kind)
+    truth = logits("float64", True, "contiguous")
+    spec, fast = logits("float32", True, kind), logits("float32", False, kind)
     assert relative_error(fast, spec) <= ROUNDING_MULTIPLE * max(relative_error(spec, truth), ULP_FLOOR)
 
 

@@ -13,7 +13,8 @@ Three layouts reach refllm:
                                        (gate rows, then up rows), mlp.experts.down_proj [X, D, M]
                   gpt-oss              mlp.router.weight [X, D] + .bias [X], mlp.experts.gate_up_proj [X, D, 2M]
                                        ([in, out], gate and up columns interleaved: gate 0, up 0, gate 1, ...)
-                                       + gate_up_proj_bias [X, 2M], mlp.experts.down_proj [X, M, D] + down_proj_bias [X, D]
+                                       + gate_up_proj_bias [X, 2M], mlp.experts.down_proj [X, M, D]
+                                       + down_proj_bias [X, D]
     stacked     one 3-D tensor per projection, gate and up apart, as llama.cpp's GGUF files
                 hold them (``ffn_gate_exps``, ``ffn_up_exps``, ``ffn_down_exps``; ``refllm/io/gguf.py``):
                   mlp.gate.weight [X, D], mlp.experts.gate_proj.weight / up_proj.weight [X, M, D],
@@ -88,20 +89,21 @@ def sparse_layer_weights(
     prefix = f"model.layers.{layer}."
     X = config.moe.num_experts
     if layout == STACKED:
-        gates, ups, downs = (get(f"{prefix}mlp.experts.{name}.weight") for name in ("gate_proj", "up_proj", "down_proj"))
+        gates, ups, downs = (get(f"{prefix}mlp.experts.{n}.weight") for n in ("gate_proj", "up_proj", "down_proj"))
         return get(prefix + "mlp.gate.weight"), None, [Expert(gates[e], ups[e], downs[e]) for e in range(X)]
     if layout == PER_EXPERT:
         router, expert, gate, up, down = PER_EXPERT_NAMES[config.model_type]
         experts = []
         for e in range(X):
             names = prefix + expert.format(e=e)
-            experts.append(Expert(get(f"{names}{gate}.weight"), get(f"{names}{up}.weight"), get(f"{names}{down}.weight")))
+            experts.append(Expert(*(get(f"{names}{projection}.weight") for projection in (gate, up, down))))
         return get(f"{prefix}{router}.weight"), None, experts
     gate_up, down = get(prefix + "mlp.experts.gate_up_proj"), get(prefix + "mlp.experts.down_proj")
     gate_up_bias, down_bias = get(prefix + "mlp.experts.gate_up_proj_bias"), get(prefix + "mlp.experts.down_proj_bias")
     if config.model_type in INTERLEAVED_FUSED:
         # [X, D, 2M] columns gate 0, up 0, gate 1, up 1, ...: to [out, in] rows
-        gates, ups, downs = gate_up[:, :, ::2].transpose(0, 2, 1), gate_up[:, :, 1::2].transpose(0, 2, 1), down.transpose(0, 2, 1)
+        gates, ups = gate_up[:, :, ::2].transpose(0, 2, 1), gate_up[:, :, 1::2].transpose(0, 2, 1)
+        downs = down.transpose(0, 2, 1)
         gate_biases = gate_up_bias[:, ::2] if gate_up_bias is not None else None
         up_biases = gate_up_bias[:, 1::2] if gate_up_bias is not None else None
         router = get(prefix + "mlp.router.weight")

@@ -309,9 +309,9 @@ def _check_dtype(dtype: Any, weights: ModelWeights) -> np.dtype:
 
 
 def _spec_ops_for(weights: ModelWeights) -> OpSet:
-    layer_arrays = [getattr(layer, field.name) for layer in weights.layers for field in fields(layer) if field.name != "experts"]
     experts = [expert for layer in weights.layers for expert in layer.experts or ()]
-    layer_arrays += [getattr(expert, field.name) for expert in experts for field in fields(expert)]
+    layer_arrays = [getattr(layer, f.name) for layer in weights.layers for f in fields(layer) if f.name != "experts"]
+    layer_arrays += [getattr(expert, f.name) for expert in experts for f in fields(expert)]
     if any(not isinstance(a, (np.ndarray, type(None))) for a in [weights.lm_head, *layer_arrays]):
         raise ModelDtypeError("the spec ops read dequantized weights; load the model without quantized=True")
     return SPEC_OPS

@@ -12,6 +12,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from refllm.config import ModelConfig
+from refllm.models.ops import OpSet
+from refllm.models.weights import LayerWeights
 from refllm.moe_parameters import TOPK_THEN_SOFTMAX, MoeParameters
 from refllm.nn.mlp import clamped_swiglu
 from refllm.nn.moe import Expert, experts_forward, softmax_then_topk, topk_then_softmax
@@ -24,8 +27,10 @@ def route(router_logits: np.ndarray, moe: MoeParameters) -> tuple[np.ndarray, np
     return softmax_then_topk(router_logits, moe.experts_per_token, moe.norm_topk_prob)
 
 
-def mixture_of_experts(h: np.ndarray, w, config, ops, routing: Callable = route) -> np.ndarray:
-    """h: [B, T, D] (normed), w: a sparse layer's LayerWeights -> [B, T, D]."""
+def mixture_of_experts(
+    h: np.ndarray, w: LayerWeights, config: ModelConfig, ops: OpSet, routing: Callable = route
+) -> np.ndarray:
+    """h: [B, T, D] (normed), w: a sparse layer's weights -> [B, T, D]. ``routing``: as ``route``."""
     moe = config.moe
     x = h.reshape(-1, h.shape[-1])  # [B*T, D]: routing is per token
     expert_ids, expert_weights = routing(ops.linear(x, w.router, w.router_bias), moe)
@@ -37,7 +42,8 @@ def mixture_of_experts(h: np.ndarray, w, config, ops, routing: Callable = route)
 
     def expert_mlp(rows: np.ndarray, expert: Expert) -> np.ndarray:
         """refllm.nn.mlp.gated_mlp, one op at a time."""
-        hidden = gate(ops.linear(rows, expert.gate_proj, expert.gate_proj_bias), ops.linear(rows, expert.up_proj, expert.up_proj_bias))
+        gate_out = ops.linear(rows, expert.gate_proj, expert.gate_proj_bias)
+        hidden = gate(gate_out, ops.linear(rows, expert.up_proj, expert.up_proj_bias))
         return ops.linear(hidden, expert.down_proj, expert.down_proj_bias)
 
     return experts_forward(x, expert_ids, expert_weights, w.experts, expert_mlp).reshape(h.shape)

@@ -154,7 +154,7 @@ def moe_keys(draw, model_type: str, layers: int, window: int, theta: float, max_
             mlp_only_layers=draw(st.lists(st.integers(0, layers - 1), max_size=1)),
             attention_bias=draw(st.booleans()),
         )
-    yarn = {"rope_type": "yarn", "factor": 2.0, "truncate": False, "original_max_position_embeddings": max_positions // 2}
+    yarn = dict(rope_type="yarn", factor=2.0, truncate=False, original_max_position_embeddings=max_positions // 2)
     return keys | dict(  # gpt_oss
         sliding_window=window,
         layer_types=draw(
