@@ -18,6 +18,7 @@ from refllm import CacheConfig, InMemorySource, LlamaFamilyModel, ModelConfig
 from refllm.errors import ConfigError
 from refllm.io.safetensors import HFDirectorySource
 from refllm.memory import weight_bytes
+from refllm.models.moe_layer import mixture_of_experts, route
 from refllm.models.random import random_tensors
 from refllm.nn.attention import attention, softmax, softmax_with_sink
 from refllm.nn.mlp import clamped_swiglu
@@ -335,3 +336,25 @@ def test_a_decode_step_reads_only_the_chosen_experts():
         touched = [e for e, expert in enumerate(layer.experts) if id(expert.gate_proj) in read]
         assert len(touched) == model.config.moe.experts_per_token  # 2 of 4: the others' weights stay unread
         assert all({id(layer.experts[e].up_proj), id(layer.experts[e].down_proj)} <= read for e in touched)
+
+
+@pytest.mark.parametrize("name", MOE_CASES)
+def test_no_fixture_token_is_routed_by_float_rounding(name):
+    """Between every token's k-th and (k+1)-th router logit (prompt and greedy continuation) lies a gap
+    thousands of times float32's rounding of them: transformers and refllm pick the same experts."""
+    reference = np.load(DATA / name / "reference.npz")
+    model = refllm.load_model(DATA / name, reference=True)
+    gaps = []
+
+    def recording_route(router_logits, moe):
+        ordered = np.sort(router_logits, axis=-1)[:, ::-1]
+        gaps.append(ordered[:, moe.experts_per_token - 1] - ordered[:, moe.experts_per_token])
+        return route(router_logits, moe)
+
+    dense_mlp = model.mlp
+    model.mlp = lambda w, h: (
+        dense_mlp(w, h) if w.experts is None else mixture_of_experts(h, w, model.config, model.ops, recording_route)
+    )
+    ids = np.concatenate([reference["input_ids"], reference["greedy"][None]], axis=1)
+    all_logits(model, ids)
+    assert min(gap.min() for gap in gaps) > 1e-3
