@@ -97,8 +97,12 @@ def convert(case: str | Path, path, tensor_type: str = "F32", *, skip: tuple[str
     if more is not None:
         more(writer)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], c.num_hidden_layers)
+    # gguf's qwen3moe map has no dense MLP (llama.cpp builds every qwen3moe layer sparse); a dense
+    # layer of a model with mlp_only_layers takes the names every other architecture gives it
+    dense_names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, c.num_hidden_layers)
     for name, tensor in _experts_stacked(source):
-        gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        suffixes = (".weight", ".bias")
+        gguf_name = names.get_name(name, try_suffixes=suffixes) or dense_names.get_name(name, try_suffixes=suffixes)
         if gguf_name in skip:
             continue
         data, kwargs = _stored(_converted(arch, c, name, tensor), tensor_type)
@@ -499,3 +503,11 @@ def test_a_quantized_qwen3moe_gguf_keeps_its_router_in_blocks_and_dequantizes_it
     assert isinstance(quantized.weights.layers[0].experts[0].gate_proj, np.ndarray)  # 3-D: dequantized
     ids = np.random.default_rng(1).integers(0, quantized.config.vocab_size, size=(1, 12))
     np.testing.assert_allclose(all_logits(quantized, ids), all_logits(dequantized, ids), rtol=1e-4, atol=1e-4)
+
+
+def test_a_qwen3moe_gguf_names_its_dense_layers_by_their_missing_router(tmp_path):
+    model = refllm.load_model(convert("qwen3_moe", tmp_path / "q.gguf", "F32"))
+    assert [model.config.is_sparse(i) for i in range(3)] == [True, False, True]
+    reference = np.load(DATA / "qwen3_moe" / "reference.npz")
+    np.testing.assert_allclose(all_logits(model, reference["input_ids"]), reference["logits"], ATOL, RTOL)
+    assert greedy(model, reference["input_ids"], NEW_TOKENS) == reference["greedy"].tolist()

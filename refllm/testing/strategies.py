@@ -103,7 +103,7 @@ def hf_configs(draw, architectures: tuple[str, ...] = ARCHITECTURES, long_horizo
         )
         return config
     if model_type in MOE_ARCHITECTURES:
-        return config | draw(moe_keys(model_type, layers, window, theta, max_positions))
+        return config | draw(moe_keys(model_type, layers, window, theta, max_positions, not long_horizon))
     config |= dict(
         rope_theta=theta,
         hidden_act=draw(st.sampled_from(["silu", "gelu_pytorch_tanh"])),
@@ -137,12 +137,20 @@ MOE_ARCHITECTURES = ("mixtral", "qwen3_moe", "gpt_oss")
 
 
 @st.composite
-def moe_keys(draw, model_type: str, layers: int, window: int, theta: float, max_positions: int) -> dict[str, Any]:
-    """The config.json keys of a mixture-of-experts family, drawn: experts, routing, sparse layers."""
+def moe_keys(
+    draw, model_type: str, layers: int, window: int, theta: float, max_positions: int, dynamic: bool = True
+) -> dict[str, Any]:
+    """The config.json keys of a mixture-of-experts family, drawn: experts, routing, sparse layers, RoPE
+    scaling (dynamic NTK only if ``dynamic``)."""
     experts = draw(st.integers(2, 6))
     keys: dict[str, Any] = dict(
         num_local_experts=experts, num_experts_per_tok=draw(st.integers(1, min(experts, 3))), tie_word_embeddings=False
     )
+    scaling = draw(rope_scalings(max_positions, dynamic)) if model_type != "gpt_oss" else None
+    if scaling is not None:
+        keys["rope_scaling"] = scaling
+        if scaling["rope_type"] == "dynamic":
+            keys["max_position_embeddings"] = 16  # so inputs run past it and the base grows
     if model_type == "mixtral":
         return keys | dict(rope_theta=theta, sliding_window=draw(st.none() | st.just(window)))
     if model_type == "qwen3_moe":
