@@ -1,8 +1,9 @@
 """ModelConfig: one dataclass for every supported architecture.
 
-Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2, Gemma 3, SmolLM3 and OLMo 2 differ
-only by the flags below; the forward pass in ``refllm/models/llama.py`` reads
-them, it never asks which architecture it is running.
+Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2, Gemma 3, SmolLM3, OLMo 2 and the
+mixture-of-experts families (Mixtral, Qwen3-MoE, gpt-oss) differ only by the flags
+below; the forward pass in ``refllm/models/llama.py`` reads them, it never asks which
+architecture it is running.
 
 ``ModelConfig.from_hf(config_json)`` reads a Hugging Face ``config.json`` through
 the reader of its family (``refllm/architectures/``), in both spellings found in
@@ -21,6 +22,7 @@ from refllm.architectures import READERS, SUPPORTED_ARCHITECTURES
 from refllm.architectures.keys import HFKeys
 from refllm.config_checks import check_fields
 from refllm.errors import ConfigError
+from refllm.moe_parameters import MoeParameters
 from refllm.rope_parameters import FULL_ATTENTION, ROPE_TYPES, SLIDING_ATTENTION, RopeParameters
 
 __all__ = [
@@ -83,6 +85,10 @@ class ModelConfig:
     rope: dict[str, RopeParameters] = field(default_factory=dict)  # keyed by layer type
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # gpt-oss: a learned per-head logit joins each attention softmax's denominator.
+    attention_sinks: bool = False
+    # Mixture of experts (Mixtral, Qwen3-MoE, gpt-oss): the sparse layers' routers and experts; None when dense.
+    moe: MoeParameters | None = None
 
     def __post_init__(self) -> None:
         check_fields(self)  # before anything is built per layer
@@ -125,17 +131,34 @@ class ModelConfig:
     def with_overrides(self, **changes: Any) -> ModelConfig:
         return replace(self, **changes)
 
+    def is_sparse(self, layer: int) -> bool:
+        """Whether ``layer``'s MLP is a mixture of experts."""
+        return self.moe is not None and self.moe.is_sparse(layer)
+
     @property
     def num_parameters(self) -> int:
+        """Every weight, all experts included."""
+        return self._count_parameters(active=False)
+
+    @property
+    def active_parameters(self) -> int:
+        """The weights one token's forward pass reads: of each sparse layer, only its k chosen experts."""
+        return self._count_parameters(active=True)
+
+    def _count_parameters(self, active: bool) -> int:
         D, F, V, E = self.hidden_size, self.intermediate_size, self.vocab_size, self.head_dim
         H, K = self.num_attention_heads, self.num_key_value_heads
-        attention = D * H * E + 2 * D * K * E + H * E * D
-        mlp = 3 * D * F
+        attention = D * H * E + 2 * D * K * E + H * E * D + (H if self.attention_sinks else 0)
+        attention += ((H + 2 * K) * E if self.qkv_bias else 0) + (D if self.o_proj_bias else 0)
+        dense_mlp = 3 * D * F + (2 * F + D if self.mlp_bias else 0)
         qk_norms = (H + K) * E if self.qk_norm_whole else 2 * E
         norms = (4 if self.sandwich_norms else 2) * D + (qk_norms if self.qk_norm else 0)
-        per_layer = attention + mlp + norms
+        mlps = sum(
+            self.moe.mlp_parameters(D, active) if self.is_sparse(layer) else dense_mlp
+            for layer in range(self.num_hidden_layers)
+        )
         head = 0 if self.tie_word_embeddings else V * D
-        return V * D + self.num_hidden_layers * per_layer + D + head
+        return V * D + self.num_hidden_layers * (attention + norms) + mlps + D + head
 
     @classmethod
     def from_hf(cls, config: dict[str, Any]) -> ModelConfig:

@@ -114,7 +114,42 @@ CASES: dict[str, tuple[str, dict, str]] = {
     # four layers: the released interval (4) leaves the last one without RoPE, as llama.cpp assumes
     "smollm3": ("SmolLM3Config", dict(num_hidden_layers=4, rope_theta=5_000_000.0), "float32"),
     "olmo2": ("Olmo2Config", dict(rms_norm_eps=1e-6), "float32"),
+    "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=8), "float32"),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        dict(
+            num_hidden_layers=3,
+            head_dim=16,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            norm_topk_prob=False,
+            mlp_only_layers=[1],
+        ),
+        "float32",
+    ),
+    "gpt_oss": (
+        "GptOssConfig",
+        dict(
+            head_dim=16,
+            sliding_window=8,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            swiglu_limit=1.0,  # low enough that random weights reach the clamp
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 150_000.0,
+                "factor": 4.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+                "original_max_position_embeddings": 32,
+            },
+        ),
+        "float32",
+    ),
 }
+ROUTER_SPREAD = 3.0  # router weights scaled so no token's top-k is decided by float rounding
 
 # The long-standing config.json spellings of some cases, written next to the transformers 5 ones.
 LEGACY_CONFIGS: dict[str, dict] = {
@@ -162,6 +197,10 @@ def build_hf_model(name: str):
         for param_name, param in model.named_parameters():
             if "norm" in param_name or param_name.endswith(".bias"):
                 param.add_(torch.randn_like(param) * 0.1)
+            if param_name.endswith(("mlp.gate.weight", "mlp.router.weight")):
+                param.mul_(ROUTER_SPREAD)
+            if param_name.endswith("self_attn.sinks"):  # a logit comparable to the attention scores
+                param.copy_(torch.randn_like(param))
     return model.eval()
 
 

@@ -16,7 +16,10 @@ from refllm.kv import CacheConfig
 from refllm.kv.paged import PagedKVArena
 from refllm.models.contract import InMemorySource
 from refllm.models.llama import LlamaFamilyModel
+from refllm.models.moe_layer import mixture_of_experts, route
+from refllm.moe_parameters import TOPK_THEN_SOFTMAX
 from refllm.nn.attention import attention_mask, softmax
+from refllm.nn.moe import softmax_then_topk, topk_then_softmax
 from refllm.nn.rope import RopeTable, rotary_dims
 from refllm.nn.softcap import soft_cap
 from refllm.runtime.llm import LLM
@@ -324,6 +327,44 @@ class DroppedQkvBias(LlamaFamilyModel):
         super().__init__(config, replace(weights, layers=layers), tokenizer, *args)
 
 
+# --- mixtures of experts and attention sinks ------------------------------------------------------
+
+
+def _other_order(router_logits, moe):
+    if moe.routing == TOPK_THEN_SOFTMAX:
+        return softmax_then_topk(router_logits, moe.experts_per_token, renormalize=False)
+    return topk_then_softmax(router_logits, moe.experts_per_token)
+
+
+class _RoutedWrong(LlamaFamilyModel):
+    routing = staticmethod(route)
+
+    def mlp(self, w, h):
+        if w.experts is None:
+            return super().mlp(w, h)
+        return mixture_of_experts(h, w, self.config, self.ops, self.routing)
+
+
+class RouterOrderSwapped(_RoutedWrong):
+    """The router's softmax after the top-k instead of before (and before it where gpt-oss puts it after)."""
+
+    routing = staticmethod(_other_order)
+
+
+class RouterNotRenormalised(_RoutedWrong):
+    """The k chosen probabilities used as they are, where the config renormalises them to sum to 1."""
+
+    routing = staticmethod(lambda router_logits, moe: route(router_logits, replace(moe, norm_topk_prob=False)))
+
+
+class SinksDropped(LlamaFamilyModel):
+    """gpt-oss's attention sinks never join the softmax."""
+
+    def __init__(self, config, weights, tokenizer=None, *args):
+        layers = [replace(w, sinks=None) for w in weights.layers]
+        super().__init__(config, replace(weights, layers=layers), tokenizer, *args)
+
+
 # --- runtimes whose bookkeeping is wrong (seen through LLMBackend) --------------------------------
 
 
@@ -464,6 +505,18 @@ def dropped_qkv_bias(checkpoint):
     return _backend(DroppedQkvBias, checkpoint)
 
 
+def router_order_swapped(checkpoint):
+    return _backend(RouterOrderSwapped, checkpoint)
+
+
+def router_not_renormalised(checkpoint):
+    return _backend(RouterNotRenormalised, checkpoint)
+
+
+def sinks_dropped(checkpoint):
+    return _backend(SinksDropped, checkpoint, "paged")
+
+
 def accepts_decode_on_unknown_id(checkpoint):
     return _llm_backend(AcceptsDecodeOnUnknownId, checkpoint)
 
@@ -508,6 +561,9 @@ MUTANTS = [
     stray_lm_head,
     greedy_skips_last_id,
     dropped_qkv_bias,
+    router_order_swapped,
+    router_not_renormalised,
+    sinks_dropped,
     accepts_decode_on_unknown_id,
     release_keeps_kv,
     batch_rows_sorted,

@@ -288,6 +288,20 @@ def test_info_describes_a_hugging_face_directory(tiny, model, capsys):
     assert rows["KV cache"] == "256 B per token; 12.0 KiB for 40 tokens"
 
 
+def test_info_shows_experts_and_active_parameters(capsys):
+    from tests.hf_fixtures import DATA
+
+    code, out, _ = run(capsys, "info", str(DATA / "qwen3_moe"))
+    rows = info_rows(out)
+    c = refllm.load_model(DATA / "qwen3_moe").config
+    assert code == 0 and "experts" not in info_rows(run(capsys, "info", str(DATA / "llama"))[1])
+    assert rows["experts"] == (
+        f"4 per sparse layer (2 of 3 layers), 2 per token: {c.active_parameters:,} parameters active per token"
+        f" ({c.active_parameters / 1e6:.1f} M)"
+    )
+    assert rows["weights"].startswith(common.size(4 * c.num_parameters))  # every expert's weights
+
+
 def test_info_counts_the_tensor_types_of_a_gguf_file(tmp_path, capsys):
     from tests.test_gguf_source import convert
 

@@ -46,6 +46,7 @@ def cmd_info(args: argparse.Namespace) -> int:
             f" {c.num_attention_heads} query / {c.num_key_value_heads} KV heads of {c.head_dim}"
         ),
         "parameters": f"{c.num_parameters:,} ({c.num_parameters / 1e6:.1f} M)",
+        **({} if c.moe is None else {"experts": _experts(c)}),
         "vocabulary": f"{c.vocab_size:,} tokens",
         "context": f"{c.context_length:,} tokens",
         "file": file,
@@ -65,6 +66,15 @@ def cmd_info(args: argparse.Namespace) -> int:
     for key, value in rows.items():
         print(f"{key:<{width}}  {value}")
     return 0
+
+
+def _experts(c) -> str:
+    """A mixture of experts' row: experts per sparse layer, experts per token, parameters one token reads."""
+    sparse = sum(c.is_sparse(layer) for layer in range(c.num_hidden_layers))
+    return (
+        f"{c.moe.num_experts} per sparse layer ({sparse} of {c.num_hidden_layers} layers), {c.moe.experts_per_token}"
+        f" per token: {c.active_parameters:,} parameters active per token ({c.active_parameters / 1e6:.1f} M)"
+    )
 
 
 def _storage(source: ModelSource) -> tuple[str, str]:

@@ -41,16 +41,17 @@ from refllm.config import ConfigError, ModelConfig
 from refllm.config_checks import check_layer_count, check_number, check_size, check_token_id
 from refllm.errors import WeightError
 from refllm.io.gguf_families import FAMILY_CONFIGS, FamilyFacts
+from refllm.io.gguf_experts import EXPERT_LAYER_NAMES, moe_config
 from refllm.io.gguf_header import GGUFHeader, TensorInfo, map_file
 from refllm.io.gguf_tokenizer import tokenizer_from_gguf, tokenizer_metadata
 from refllm.quant.formats import FORMATS, dequantize
 from refllm.quant.linear import QuantizedTensor, kernel_reads
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", "gemma3", "gemma2", "smollm3", "olmo2")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", "gemma3", "gemma2", "smollm3", "olmo2", "qwen3moe")
 _MODEL_TYPES = {
     "llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma3": "gemma3_text",
     "gemma2": "gemma2", "smollm3": "smollm3", "olmo2": "olmo2",
-}
+}  # a llama file with experts is Mixtral, and qwen3moe is Qwen3-MoE: ``gguf_experts.py``
 _PERMUTED = ("llama", "smollm3")  # converted by LlamaModel.modify_tensors, which permutes q/k rows
 _NORMS_PLUS_ONE = ("gemma3", "gemma2")  # converted by Gemma{2,3}Model.modify_tensors: norm weights + 1
 
@@ -107,7 +108,7 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
-}
+} | EXPERT_LAYER_NAMES
 _POST_NORMS = {"post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
 _ARCHITECTURE_LAYER_NAMES = {
     # Gemma's sandwich norms: its post_attention_layernorm follows attention, and the
@@ -327,7 +328,7 @@ class GGUFSource:
         if value_dim != head_dim:
             raise GGUFFileError(f"{self.path}: key length {head_dim} and value length {value_dim} differ")
         config: dict[str, Any] = dict(
-            model_type=_MODEL_TYPES[arch],
+            model_type=_MODEL_TYPES.get(arch),
             vocab_size=int(self._tensors["model.embed_tokens.weight"].shape[0]),  # [V, D]
             hidden_size=hidden_size,
             intermediate_size=self._size(key("feed_forward_length")),
@@ -358,7 +359,7 @@ class GGUFSource:
             layers = config["num_hidden_layers"]
             facts = FamilyFacts(arch, layers, window, hidden_size, num_heads, head_dim, self._value, self._number)
             config |= FAMILY_CONFIGS[arch](facts)
-        return config
+        return config | moe_config(arch, self._value, self._size, self._tensors)
 
     def _rope_scaling(self, key) -> dict[str, Any] | None:
         kind = self._value(key("rope.scaling.type"), "none")

@@ -10,12 +10,13 @@ set's attention or, for ``fast``, the cache's own kernels.
                         (norm) -> q, k, v projections -> (q/k norm) -> (RoPE)
                         -> write K/V into the cache -> attention over the cache (soft-capped scores)
                         -> output projection -> (post-attention norm) -> residual
-                        -> (norm) -> MLP -> (post-MLP norm) -> residual
+                        -> norm -> MLP (or mixture of experts) -> (post-MLP norm) -> residual
         -> final norm -> LM head -> (soft-cap) -> logits
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import fields
 from typing import Any
@@ -26,8 +27,10 @@ from refllm.config import ModelConfig
 from refllm.errors import ContextLengthError, InvalidInputError, PositionError, TokenOutOfRangeError
 from refllm.kv import CacheConfig, CacheShape, KVCache, create_cache
 from refllm.models.contract import ModelMetadata, ModelSource
+from refllm.models.moe_layer import mixture_of_experts
 from refllm.models.ops import SPEC_OPS, OpSet, fast_ops
 from refllm.models.weights import LayerWeights, ModelWeights, assemble
+from refllm.nn.attention import attention as spec_attention
 from refllm.nn.residual import residual_block
 from refllm.nn.rope import RopeTable
 from refllm.nn.softcap import soft_cap
@@ -197,7 +200,10 @@ class LlamaFamilyModel:
         return residual_block(x, lambda h: self.mlp(w, h), norm(norm_before_mlp), norm(w.post_feedforward_layernorm))
 
     def mlp(self, w: LayerWeights, h: np.ndarray) -> np.ndarray:
-        """refllm.nn.mlp.gated_mlp, one op at a time: down(act(gate(h)) * up(h)), [B, T, D] -> [B, T, D]."""
+        """h: [B, T, D] (normed) -> [B, T, D]: the gated MLP, or a sparse layer's mixture of experts."""
+        if w.experts is not None:
+            return mixture_of_experts(h, w, self.config, self.ops)
+        # refllm.nn.mlp.gated_mlp, one op at a time: down(act(gate(h)) * up(h))
         ops = self.ops
         gate, up = ops.linear(h, w.gate_proj, w.gate_proj_bias), ops.linear(h, w.up_proj, w.up_proj_bias)
         return ops.linear(ops.gated(gate, up, self.config.hidden_act), w.down_proj, w.down_proj_bias)
@@ -222,8 +228,11 @@ class LlamaFamilyModel:
             q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
         cache.write(layer_index, seq_ids, k, v)
         window = c.window_for_layer(layer_index)
+        attend = ops.attention
+        if w.sinks is not None:  # the caches' own kernels have no sinks: the spec attention over the gathered keys
+            attend = functools.partial(attend or spec_attention, sinks=w.sinks)
         out = cache.attention(
-            layer_index, seq_ids, q, c.attention_scale, window, c.attn_logit_softcapping, ops.attention
+            layer_index, seq_ids, q, c.attention_scale, window, c.attn_logit_softcapping, attend
         )  # [B, T, H, E]
         return ops.linear(out.reshape(B, T, -1), w.o_proj, w.o_proj_bias)
 
@@ -312,7 +321,9 @@ def _check_dtype(dtype: Any, weights: ModelWeights) -> np.dtype:
 
 
 def _spec_ops_for(weights: ModelWeights) -> OpSet:
-    layer_arrays = [getattr(layer, field.name) for layer in weights.layers for field in fields(layer)]
+    experts = [expert for layer in weights.layers for expert in layer.experts or ()]
+    layer_arrays = [getattr(layer, f.name) for layer in weights.layers for f in fields(layer) if f.name != "experts"]
+    layer_arrays += [getattr(expert, f.name) for expert in experts for f in fields(expert)]
     if any(not isinstance(a, (np.ndarray, type(None))) for a in [weights.lm_head, *layer_arrays]):
         raise ModelDtypeError("the spec ops read dequantized weights; load the model without quantized=True")
     return SPEC_OPS

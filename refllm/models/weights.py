@@ -3,8 +3,8 @@
 ``checkpoint_shapes(config)`` is the weight-name map: every tensor a checkpoint
 of this architecture holds, with its shape. ``assemble`` reads them through a
 ``ModelSource``, refuses a checkpoint that disagrees, puts every float tensor in
-the model's dtype, and splits Phi-3's fused projections so the forward pass sees
-one layout for every architecture.
+the model's dtype, and splits Phi-3's fused projections (and fused experts,
+``expert_weights.py``) so the forward pass sees one layout for every architecture.
 """
 
 from __future__ import annotations
@@ -16,11 +16,20 @@ import numpy as np
 
 from refllm.config import ModelConfig
 from refllm.errors import MissingTensorError, WeightError
+from refllm.models.expert_weights import (
+    expert_layout,
+    sparse_layer_shapes,
+    sparse_layer_weights,
+)
+from refllm.nn.moe import Expert
 
 
 @dataclass
 class LayerWeights:
-    """One decoder layer. Projections are [out, in], as checkpoints store them."""
+    """One decoder layer. Projections are [out, in], as checkpoints store them.
+
+    A sparse (mixture-of-experts) layer has ``router`` and ``experts`` instead of gate/up/down_proj.
+    """
 
     input_layernorm: np.ndarray | None  # [D]; None under post-norms (OLMo 2)
     post_attention_layernorm: np.ndarray  # [D]: Llama's pre-MLP norm; Gemma's and OLMo 2's after attention
@@ -28,9 +37,9 @@ class LayerWeights:
     k_proj: np.ndarray  # [K*E, D]
     v_proj: np.ndarray  # [K*E, D]
     o_proj: np.ndarray  # [D, H*E]
-    gate_proj: np.ndarray  # [F, D]
-    up_proj: np.ndarray  # [F, D]
-    down_proj: np.ndarray  # [D, F]
+    gate_proj: np.ndarray | None  # [F, D]
+    up_proj: np.ndarray | None  # [F, D]
+    down_proj: np.ndarray | None  # [D, F]
     q_proj_bias: np.ndarray | None = None
     k_proj_bias: np.ndarray | None = None
     v_proj_bias: np.ndarray | None = None
@@ -42,6 +51,10 @@ class LayerWeights:
     k_norm: np.ndarray | None = None  # [E], or [K*E]
     pre_feedforward_layernorm: np.ndarray | None = None  # [D], Gemma's sandwich norms
     post_feedforward_layernorm: np.ndarray | None = None  # [D], Gemma's and OLMo 2's
+    sinks: np.ndarray | None = None  # [H], gpt-oss's attention sinks
+    router: np.ndarray | None = None  # [X, D]
+    router_bias: np.ndarray | None = None  # [X]
+    experts: list[Expert] | None = None
 
 
 @dataclass
@@ -56,8 +69,11 @@ class ModelWeights:
         return sum(weight_bytes_by_format(self).values())
 
 
-def checkpoint_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor name (Hugging Face spelling) of a checkpoint for ``config``, with its shape."""
+def checkpoint_shapes(config: ModelConfig, layout: str | None = None) -> dict[str, tuple[int, ...]]:
+    """Every tensor name (Hugging Face spelling) of a checkpoint for ``config``, with its shape.
+
+    layout: how a sparse layer's experts are stored (``expert_weights.py``); by default as the
+    architecture's files on the Hub hold them."""
     D, F, V, E = config.hidden_size, config.intermediate_size, config.vocab_size, config.head_dim
     H, K = config.num_attention_heads, config.num_key_value_heads
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (V, D), "model.norm.weight": (D,)}
@@ -78,11 +94,16 @@ def checkpoint_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         if config.qk_norm:
             q_norm, k_norm = ((H * E,), (K * E,)) if config.qk_norm_whole else ((E,), (E,))
             shapes |= {attn + "q_norm.weight": q_norm, attn + "k_norm.weight": k_norm}
-        if config.fused_gate_up:
+        if config.attention_sinks:
+            shapes[attn + "sinks"] = (H,)
+        if config.is_sparse(i):
+            shapes |= sparse_layer_shapes(config, i, layout or expert_layout(config, ()))
+        elif config.fused_gate_up:
             shapes[mlp + "gate_up_proj.weight"] = (2 * F, D)
         else:
             shapes |= {mlp + "gate_proj.weight": (F, D), mlp + "up_proj.weight": (F, D)}
-        shapes[mlp + "down_proj.weight"] = (D, F)
+        if not config.is_sparse(i):
+            shapes[mlp + "down_proj.weight"] = (D, F)
         if config.mlp_bias:
             shapes |= {mlp + "gate_proj.bias": (F,), mlp + "up_proj.bias": (F,), mlp + "down_proj.bias": (D,)}
         norms = ["input_layernorm", "post_attention_layernorm"]
@@ -116,12 +137,13 @@ def assemble(config: ModelConfig, source, dtype=np.float32) -> ModelWeights:
 
     Float tensors come out in ``dtype``; a quantized matrix (a ``QuantizedTensor``) stays in its blocks.
     """
-    expected = checkpoint_shapes(config)
     available = {}
     for stored in source.tensor_names():
         name = canonical_name(stored)
         if name is not None:
             available[name] = stored
+    layout = expert_layout(config, available) if config.moe is not None else None
+    expected = checkpoint_shapes(config, layout)
     optional = {"lm_head.weight"} if config.tie_word_embeddings else set()
     unexpected = sorted(set(available) - set(expected) - optional)
     if unexpected:
@@ -140,10 +162,10 @@ def assemble(config: ModelConfig, source, dtype=np.float32) -> ModelWeights:
                 f" config.json implies {shape}"
             )
         tensors[name] = np.asarray(array, dtype) if isinstance(array, np.ndarray) else array
-    return _from_tensors(config, tensors)
+    return _from_tensors(config, tensors, layout)
 
 
-def _from_tensors(config: ModelConfig, tensors: dict[str, np.ndarray]) -> ModelWeights:
+def _from_tensors(config: ModelConfig, tensors: dict[str, np.ndarray], layout: str | None) -> ModelWeights:
     H, K, E, F = config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.intermediate_size
     layers = []
     for i in range(config.num_hidden_layers):
@@ -163,6 +185,9 @@ def _from_tensors(config: ModelConfig, tensors: dict[str, np.ndarray]) -> ModelW
             gate, up = gate_up[:F], gate_up[F:]
         else:
             gate, up = get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")
+        router = router_bias = experts = None
+        if config.is_sparse(i):
+            router, router_bias, experts = sparse_layer_weights(config, i, layout, tensors.get)
         layers.append(
             LayerWeights(
                 input_layernorm=get("input_layernorm.weight"),
@@ -185,6 +210,10 @@ def _from_tensors(config: ModelConfig, tensors: dict[str, np.ndarray]) -> ModelW
                 k_norm=get("self_attn.k_norm.weight"),
                 pre_feedforward_layernorm=get("pre_feedforward_layernorm.weight"),
                 post_feedforward_layernorm=get("post_feedforward_layernorm.weight"),
+                sinks=get("self_attn.sinks"),
+                router=router,
+                router_bias=router_bias,
+                experts=experts,
             )
         )
     embed = tensors["model.embed_tokens.weight"]
