@@ -76,9 +76,8 @@ def cmd_dump(args: argparse.Namespace) -> int:
         metadata, _ = dump_on_ray(
             checkpoint, prompts, args.out, args.model, args.profile, options, args.dtype, **on_ray
         )
-    print(
-        f"{args.out}: {len(prompts)} {args.dtype} prompts from {args.model} (weights sha256 {metadata['weights_sha256'][:12]})"
-    )
+    weights = metadata["weights_sha256"][:12]
+    print(f"{args.out}: {len(prompts)} {args.dtype} prompts from {args.model} (weights sha256 {weights})")
     return 0
 
 

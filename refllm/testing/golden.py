@@ -97,8 +97,10 @@ def golden_reference(checkpoint: Checkpoint, dtype: str = "float32") -> Backend:
     return {"float32": refllm_contiguous, "float64": refllm_float64}[dtype_name(dtype)](checkpoint)
 
 
-def prompt_tensors(reference: Backend, context: int, i: int, prompt: Prompt, options: DumpOptions) -> dict[str, np.ndarray]:
-    """The golden file's tensors of prompt ``i``; a prompt that cannot fit ``context`` with its new tokens is refused."""
+def prompt_tensors(
+    reference: Backend, context: int, i: int, prompt: Prompt, options: DumpOptions
+) -> dict[str, np.ndarray]:
+    """The golden file's tensors of prompt ``i``; one that cannot fit ``context`` with its new tokens is refused."""
     ids = np.asarray(prompt.token_ids, np.int64)
     if len(ids) + options.new_tokens > context:
         text = "" if prompt.text is None else f" ({prompt.text[:40]!r})"
