@@ -27,6 +27,7 @@ from refllm.cluster.golden import dump_on_ray
 from refllm.cluster.perplexity import perplexity_on_ray
 from refllm.cluster.pool import ShardsFailedError
 from refllm.cluster.shards import ShardStore, ShardStoreMismatchError
+from refllm.errors import InvalidInputError
 from refllm.runtime.perplexity import perplexity
 from refllm.testing.checkpoint import Checkpoint
 from refllm.testing.golden import DumpOptions, Prompt, dump
@@ -183,7 +184,9 @@ def test_an_interrupted_dump_resumes_computing_only_the_missing_shards(local_clu
 
     checkpoint = Checkpoint.open(MODEL, "float64")
     with pytest.raises(KeyboardInterrupt):
-        dump_on_ray(checkpoint, listed, out, str(MODEL), options=OPTIONS, dtype="float64", on_result=interrupt_after_three)
+        dump_on_ray(
+            checkpoint, listed, out, str(MODEL), options=OPTIONS, dtype="float64", on_result=interrupt_after_three
+        )
     shards = tmp_path / "ray.safetensors.shards"
     assert len(list(shards.glob("shard-*.safetensors"))) == 3 and not out.exists()
     resumed = []
@@ -209,6 +212,12 @@ def test_a_prompt_longer_than_the_context_fails_its_shard_once_naming_the_prompt
         "shard-000000.safetensors",
         "shard-000002.safetensors",
     ]
+
+
+@cluster
+def test_more_workers_than_cpus_are_refused(local_cluster, tmp_path):
+    with pytest.raises(InvalidInputError, match="--workers 3 is more than the 2 CPUs of the cluster"):
+        dump_on_ray(Checkpoint.open(MODEL), prompts([4]), tmp_path / "g.safetensors", str(MODEL), workers=3)
 
 
 class Terminal(io.StringIO):

@@ -79,7 +79,10 @@ def connected(address: str) -> Iterator[object]:
         yield ray
         return
     quiet = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
-    ray.init(**quiet) if address == LOCAL else ray.init(address=address, **quiet)
+    if address == LOCAL:
+        ray.init(**quiet)
+    else:
+        ray.init(address=address, **quiet)
     try:
         yield ray
     finally:
@@ -104,7 +107,10 @@ def run_shards(
     if results:
         print(f"resuming: {len(results)} of {len(shards)} shards are already in {store.directory}", file=sys.stderr)
     with connected(address) as ray:
-        count = min(workers or int(ray.cluster_resources().get("CPU", 1)), len(todo))
+        cpus = int(ray.cluster_resources().get("CPU", 0))
+        if workers is not None and workers > cpus:  # an actor waits for its CPU, and its shards with it
+            raise InvalidInputError(f"--workers {workers} is more than the {cpus} CPUs of the cluster")
+        count = min(workers or cpus, len(todo))
         options = dict(num_cpus=1, max_restarts=RETRIES, max_task_retries=RETRIES)
         actors = [ray.remote(**options)(ShardWorker).remote(job) for _ in range(count)]
         computed, failures, tokens, start = 0, [], 0, time.perf_counter()
