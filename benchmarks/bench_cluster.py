@@ -39,6 +39,7 @@ import numba
 import numpy as np
 import ray
 from machine import SMOLLM2_135M  # benchmarks/machine.py
+from safetensors import safe_open
 from safetensors.numpy import save_file
 from threadpoolctl import threadpool_limits
 
@@ -82,6 +83,14 @@ def single_golden(model: str, prompts: list[Prompt], options: DumpOptions, out: 
     dump(Checkpoint.open(model), prompts, out, model, **vars(options))
 
 
+def same_tensors(path: Path, other: Path) -> bool:
+    """Every tensor of the two safetensors files has the same name, dtype, shape and bytes."""
+    with safe_open(str(path), "np") as f, safe_open(str(other), "np") as g:
+        if sorted(f.keys()) != sorted(g.keys()):
+            return False
+        return all(f.get_tensor(name).tobytes() == g.get_tensor(name).tobytes() for name in f.keys())
+
+
 def timed(run) -> tuple[float, object]:
     start = time.perf_counter()
     value = run()
@@ -119,6 +128,7 @@ def main() -> None:
             seconds, _ = timed(lambda: single_golden(model, prompts, options, folder / "single.safetensors"))
             rows.append(("golden dump", f"single process, {threads} thread(s)", seconds, golden_tokens))
     numba.set_num_threads(all_threads)
+    same = {}  # workers -> whether the cluster's golden file holds the single-process tensors, bit for bit
     for workers in map(int, args.workers.split(",")):
         started, _ = timed(lambda: ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False,
                                            logging_level=logging.WARNING))  # fmt: skip
@@ -129,11 +139,13 @@ def main() -> None:
         rows.append(("perplexity", f"Ray, {workers} worker(s) (cluster start {started:.1f} s)", seconds, len(ids)))
         out = folder / f"ray-{workers}.safetensors"
         seconds, _ = timed(lambda: dump_on_ray(Checkpoint.open(model), prompts, out, model, options=options))
+        same[workers] = same_tensors(out, folder / "single.safetensors")
         rows.append(
             ("golden dump", f"Ray, {workers} worker(s) (cluster start {started:.1f} s)", seconds, golden_tokens)
         )
         ray.shutdown()
     print(f"perplexity {single[1]!r} at 1 thread, {single[all_threads]!r} at {all_threads}; equal on every cluster")
+    print(f"golden dump: the cluster's tensors are the single process' ({all_threads} threads), bit for bit: {same}")
     print(f"\n{'job':<12}  {'run':<40}  {'seconds':>8}  {'tokens/s':>9}  {'vs 1 thread':>11}")
     for job, run, seconds, tokens in rows:
         base = next(s for j, r, s, _ in rows if j == job and r == "single process, 1 thread(s)")

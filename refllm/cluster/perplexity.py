@@ -22,13 +22,7 @@ from refllm.cluster.pool import run_shards
 from refllm.cluster.shards import Shard, ShardResult, ShardStore, split
 from refllm.loading import open_source
 from refllm.models.llama import LlamaFamilyModel
-from refllm.runtime.perplexity import (
-    combine,
-    first_scored,
-    sliding_windows,
-    window_cache,
-    window_nll,
-)
+from refllm.runtime.perplexity import combine, first_scored, sliding_windows, window_cache, window_nll
 
 
 @dataclass(frozen=True)
