@@ -130,6 +130,7 @@ def prompt_tensors(
 def golden_metadata(
     checkpoint: Checkpoint, prompts: list[Prompt], model: str, profile: str, options: DumpOptions, dtype: str
 ) -> dict[str, str]:
+    """The golden file's metadata (docs/golden-format.md); an unknown ``profile`` is refused."""
     get_profile(profile)
     return {
         "format": FORMAT,
