@@ -28,7 +28,7 @@ from refllm.cluster.perplexity import perplexity_on_ray
 from refllm.cluster.pool import ShardsFailedError
 from refllm.cluster.shards import ShardStore, ShardStoreMismatchError
 from refllm.errors import InvalidInputError
-from refllm.runtime.perplexity import perplexity
+from refllm.runtime.perplexity import perplexity, sliding_windows
 from refllm.testing.checkpoint import Checkpoint
 from refllm.testing.golden import DumpOptions, Prompt, dump
 from tests.hf_fixtures import DATA
@@ -136,7 +136,7 @@ def test_golden_check_on_ray_prints_the_single_process_report(local_cluster, tmp
 
 
 @cluster
-def test_perplexity_on_ray_is_the_single_process_float(local_cluster, tmp_path, capsys):
+def test_perplexity_on_ray_is_the_single_process_float_and_resumes(local_cluster, tmp_path, capsys):
     tiny = write_tiny_model(tmp_path / "tiny")
     text = tmp_path / "text.txt"
     text.write_text(" ".join(CORPUS * 4))
@@ -148,7 +148,20 @@ def test_perplexity_on_ray_is_the_single_process_float(local_cluster, tmp_path, 
     model = cli.common.load(str(tiny))
     ids = model.tokenizer.encode(text.read_text())
     precision = {"quantized": False, "dtype": "float32", "reference": None}
-    assert perplexity_on_ray(str(tiny), precision, ids, 16, 6, shard_size=2) == perplexity(model, ids, 16, 6)
+    shards, seen = tmp_path / "shards", []
+
+    def interrupt_after_two(result) -> None:
+        seen.append(result.index)
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        perplexity_on_ray(str(tiny), precision, ids, 16, 6, shard_size=2, shards=shards, on_result=interrupt_after_two)
+    resumed = []
+    value = perplexity_on_ray(str(tiny), precision, ids, 16, 6, shard_size=2, shards=shards, on_result=resumed.append)
+    windows = len(sliding_windows(len(ids), 16, 6))
+    assert sorted(seen + [r.index for r in resumed]) == list(range((windows + 1) // 2))  # each shard computed once
+    assert value == perplexity(model, ids, 16, 6) and not shards.exists()
 
 
 @cluster
