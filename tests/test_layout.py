@@ -30,6 +30,7 @@ LAYERS = [
     ("refllm.runtime",),
     ("refllm.testing",),
     ("refllm.server",),
+    ("refllm.cluster",),
     ("refllm.commands", "refllm.cli", "refllm.__main__", "refllm"),
 ]
 
