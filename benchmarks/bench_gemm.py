@@ -4,9 +4,10 @@ For each projection shape of SmolLM2-135M and Gemma 3 270M, a 256-token chunk
 (``--tokens``) is multiplied into a random [R, C] weight matrix:
 
 - ``refllm fast``: the fast op set's ``linear`` as a forward pass runs it
-  (``refllm/kernels/gemm.py``: BLAS on the pass's threads from 16 tokens);
+  (``refllm/kernels/gemm.py``: from 16 tokens the rows split between the
+  pass's threads, one single-threaded sgemm each);
 - ``refllm Q8_0`` / ``refllm Q4_0``: the same through a quantized matrix
-  (a panel of rows decoded, then sgemm);
+  (``quant_matmul``'s tiles);
 - ``refllm tile``: the Numba 4 x 4 tile kernel (``dense_matmul``), which
   products of fewer than 16 tokens use;
 - ``OpenBLAS``: NumPy's ``x @ W.T`` on ``--threads`` threads;

@@ -163,9 +163,9 @@ def dense_matmul(x: np.ndarray, weights: np.ndarray) -> np.ndarray:
 def linear(x: np.ndarray, weight, bias: np.ndarray | None = None) -> np.ndarray:
     """x: [..., C] float32, weight: [R, C], bias: [R] -> [..., R], as ``refllm.nn.linear.linear``.
 
-    A float32 matrix multiplies in ``dense_matmul``, or in BLAS from GEMM_TOKENS tokens on
-    (``refllm/kernels/gemm.py``); any other weight (a ``QuantizedTensor``) multiplies itself
-    in the quantized kernels, from its blocks.
+    A float32 matrix multiplies in ``dense_matmul``, or from GEMM_TOKENS tokens on in BLAS
+    (``refllm/kernels/gemm.py``); any other weight (a ``QuantizedTensor``) multiplies itself in
+    the quantized kernels, from its blocks.
     """
     if isinstance(weight, np.ndarray):
         tokens = np.ascontiguousarray(x.reshape(-1, weight.shape[1]), dtype=np.float32)

@@ -1,54 +1,57 @@
-"""Prompt-sized products, x [T, C] @ W.T with T >= GEMM_TOKENS: the machine's BLAS sgemm.
+"""Prompt-sized float32 products, x [T, C] @ W.T with T >= GEMM_TOKENS, in BLAS: one call per thread.
 
 Decoding multiplies one token or a batch of a few into each weight matrix, and
-DRAM bounds it: the tiles of ``dense_matmul.py`` and the quantized kernels read
-each weight once at the bandwidth the machine has. A prompt chunk multiplies
-tens to hundreds of tokens, and the arithmetic bounds it. There the BLAS that
-NumPy ships (OpenBLAS, with a kernel for each x86 generation, chosen when it
-loads) holds its packed panels in the caches of the CPU it finds: on one Zen 4
-core it ran the SmolLM2-135M shapes at 87-88 GFLOP/s, the core's peak, where
-the Numba tile ran at 70-99; on the Xeons with two AVX-512 multiply-add units
-per core the tile reached 40 % of torch's GEMM. So from GEMM_TOKENS tokens on,
-a float32 matrix goes to sgemm, and a quantized one is decoded, a panel of rows
-at a time, into float32 (``dequantize_rows``, bit for bit the spec's weights)
-that sgemm multiplies while the panel is in cache.
+DRAM bounds it: the tiles of ``dense_matmul.py`` read each weight once at the
+bandwidth the machine has. A prompt chunk multiplies tens to hundreds of
+tokens, and the arithmetic bounds it, so the product's speed depends on how
+well it fits the CPU's registers and caches. NumPy's OpenBLAS carries a kernel
+for each x86 generation and picks the one for the CPU it finds when it loads;
+the Numba tile (4 rows x 4 tokens of 16-lane sums) is tuned for one. On two
+Zen 4 cores they ran SmolLM2-135M's prefill alike; on Xeons with two AVX-512
+multiply-add units per core the tile reached 40 % of torch's GEMM.
 
-BLAS runs on as many threads as Numba's pool has for this forward pass
-(``refllm/kernels/threads.py``), and only inside the product: both pools are
-never busy at once.
+The threads: OpenBLAS's own pool spins after each product, and beside Numba's
+pool (which runs every other kernel of the forward pass) two spinning pools
+took turns on two cores: prefill ran slower with BLAS on two threads than with
+the tile. So BLAS stays on one thread, and the rows of W are split between as
+many Python threads as Numba's pool has for this pass (``refllm/kernels/threads.py``),
+each calling sgemm on its share; NumPy releases the GIL inside, and idle
+threads wait on a queue rather than spin.
 
-Rounding: sgemm sums in its own blocked order, so a token of a prompt chunk can
-differ from the same token decoded alone in the last bits (the same bound as
-any float32 product, checked by the tests). Products of fewer tokens keep the
-kernels' fixed order, in which a token's result never depends on its batch.
+Rounding: sgemm sums in its own blocked order, within the float32 summation
+bound the tests hold every product to. Products of fewer than GEMM_TOKENS
+tokens take the tile, whose order makes a token's result independent of its
+batch. Quantized matrices keep their own kernels (``quant_matmul``): decoding a
+panel of rows for sgemm and then multiplying it ran at half their speed here.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numba
 import numpy as np
 
-from refllm.kernels.threads import blas_threads
-
 GEMM_TOKENS = 16  # tokens from which a product is arithmetic-bound: a prompt chunk, not a decode batch
-PANEL_BYTES = 1 << 20  # a decoded panel of quantized rows: within one core's L2 while sgemm reads it
+
+_workers: ThreadPoolExecutor | None = None  # made on first use, one thread per core Numba may use
 
 
 def blas_matmul(x: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """x [T, C] float32 @ weights.T, weights [R, C] float32 -> [T, R] float32, in BLAS on this pass's threads."""
-    with blas_threads(numba.get_num_threads()):
+    """x [T, C] float32 @ weights.T, weights [R, C] float32 -> [T, R] float32: the rows split between
+    this pass's threads, each share one single-threaded sgemm."""
+    global _workers
+    threads = min(numba.get_num_threads(), weights.shape[0])
+    if threads == 1:
         return x @ weights.T
+    if _workers is None:
+        _workers = ThreadPoolExecutor(numba.config.NUMBA_NUM_THREADS, thread_name_prefix="refllm-gemm")
+    out = np.empty((x.shape[0], weights.shape[0]), np.float32)
+    bounds = np.linspace(0, weights.shape[0], threads + 1).astype(int)
 
+    def share(i: int) -> None:
+        first, last = bounds[i], bounds[i + 1]
+        np.matmul(x, weights[first:last].T, out=out[:, first:last])
 
-def quantized_blas_matmul(x: np.ndarray, rows: int, dequantize_panel) -> np.ndarray:
-    """x [T, C] float32 @ W.T -> [T, R] float32, W decoded a panel at a time by
-    ``dequantize_panel(first, last)`` -> W[first:last] float32."""
-    out = np.empty((x.shape[0], rows), np.float32)
-    panel_rows = max(PANEL_BYTES // (4 * x.shape[1]), 16)
-    threads = numba.get_num_threads()
-    for first in range(0, rows, panel_rows):
-        last = min(first + panel_rows, rows)
-        panel = dequantize_panel(first, last)
-        with blas_threads(threads):
-            np.matmul(x, panel.T, out=out[:, first:last])
+    list(_workers.map(share, range(threads)))
     return out
