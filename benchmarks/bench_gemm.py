@@ -4,8 +4,7 @@ For each projection shape of SmolLM2-135M and Gemma 3 270M, a 256-token chunk
 (``--tokens``) is multiplied into a random [R, C] weight matrix:
 
 - ``refllm fast``: the fast op set's ``linear`` as a forward pass runs it
-  (``refllm/kernels/gemm.py``: from 16 tokens the rows split between the
-  pass's threads, one single-threaded sgemm each);
+  (``refllm/kernels/gemm.py``: from 16 tokens, sgemm on the pass's threads);
 - ``refllm Q8_0`` / ``refllm Q4_0``: the same through a quantized matrix
   (``quant_matmul``'s tiles);
 - ``refllm tile``: the Numba 4 x 4 tile kernel (``dense_matmul``), which
