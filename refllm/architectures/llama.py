@@ -49,13 +49,5 @@ def read_qwen(keys: HFKeys) -> dict[str, Any]:
 
 
 def read_phi3(keys: HFKeys) -> dict[str, Any]:
-    window = keys.get("sliding_window")
-    layer_types = window_layer_types(keys, window, 0)
-    return dict(
-        **common_fields(keys),
-        fused_qkv=True,
-        fused_gate_up=True,
-        sliding_window=window,
-        layer_types=layer_types,
-        rope=rope_for_types(layer_types, single_rope(keys)),
-    )
+    """Mistral's keys, with q/k/v stored as one qkv_proj and gate/up as one gate_up_proj."""
+    return read_mistral(keys) | dict(fused_qkv=True, fused_gate_up=True)
