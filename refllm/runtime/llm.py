@@ -194,15 +194,14 @@ class LLM:
 
     def warm_up(self) -> None:
         """Every kind of product a request runs, once, so that its kernels compile (or load from cache) now:
-        a two-token and a prompt-sized prefill (WARM_UP_PROMPT tokens: the BLAS path), a batched and a
-        single decode step."""
-        short, prompt = ("warm-up", 0), ("warm-up", 1)  # no caller's id is a tuple with this string
-        self.prefill(short, [0, 0])
-        self.prefill(prompt, [0] * WARM_UP_PROMPT)
-        self.decode_batch([(short, 0, 2), (prompt, 0, WARM_UP_PROMPT)])
-        self.decode(short, 0, 3)
-        self.release(short)
-        self.release(prompt)
+        a two-token prefill and a decode step, then a prompt-sized prefill (WARM_UP_PROMPT tokens, the
+        prompt products of kernels/gemm.py), one sequence at a time so that the smallest arena holds them."""
+        cache_id = ("warm-up",)  # no caller's id is a tuple of this string
+        self.prefill(cache_id, [0, 0])
+        self.decode(cache_id, 0, 2)
+        self.release(cache_id)
+        self.prefill(cache_id, [0] * min(WARM_UP_PROMPT, self.config.context_length))
+        self.release(cache_id)
 
     def reset(self) -> None:
         """Release every cache id and empty the prefix cache."""
