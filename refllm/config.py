@@ -1,6 +1,6 @@
 """ModelConfig: one dataclass for every supported architecture.
 
-Llama, Mistral, Qwen2, Qwen3, Phi-3 and Gemma 3 differ only by the flags below;
+Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 3 and DeepSeek-V3 differ only by the flags below;
 the forward pass in ``refllm/models/llama.py`` reads them, it never asks which
 architecture it is running.
 
@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from refllm.architectures import READERS, SUPPORTED_ARCHITECTURES
+from refllm.architectures.deepseek import GroupedExperts, LatentAttention
 from refllm.architectures.keys import HFKeys
 from refllm.config_checks import check_fields
 from refllm.errors import ConfigError
@@ -78,6 +79,9 @@ class ModelConfig:
     rope: dict[str, RopeParameters] = field(default_factory=dict)  # keyed by layer type
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # DeepSeek-V3: multi-head latent attention instead of q/k/v, experts in place of some MLPs.
+    latent_attention: LatentAttention | None = None
+    grouped_experts: GroupedExperts | None = None
 
     def __post_init__(self) -> None:
         check_fields(self)  # before anything is built per layer
@@ -113,14 +117,32 @@ class ModelConfig:
 
     @property
     def num_parameters(self) -> int:
+        """Every weight; a mixture of experts counts all its experts."""
+        return self._count_parameters(active=False)
+
+    @property
+    def num_active_parameters(self) -> int:
+        """The weights one token reads: a mixture of experts counts only the experts a token is routed to."""
+        return self._count_parameters(active=True)
+
+    def _count_parameters(self, active: bool) -> int:
         D, F, V, E = self.hidden_size, self.intermediate_size, self.vocab_size, self.head_dim
         H, K = self.num_attention_heads, self.num_key_value_heads
-        attention = D * H * E + 2 * D * K * E + H * E * D
-        mlp = 3 * D * F
+        latent, experts = self.latent_attention, self.grouped_experts
+        if latent is None:
+            attention = D * H * E + 2 * D * K * E + H * E * D
+        else:
+            attention = latent.num_parameters(D, H, self.qkv_bias)
         norms = (4 if self.sandwich_norms else 2) * D + (2 * E if self.qk_norm else 0)
-        per_layer = attention + mlp + norms
+        total = 0
+        for layer in range(self.num_hidden_layers):
+            if experts is not None and experts.is_sparse(layer):
+                mlp = experts.active_parameters(D) if active else experts.num_parameters(D)
+            else:
+                mlp = 3 * D * F
+            total += attention + mlp + norms
         head = 0 if self.tie_word_embeddings else V * D
-        return V * D + self.num_hidden_layers * per_layer + D + head
+        return V * D + total + D + head
 
     @classmethod
     def from_hf(cls, config: dict[str, Any]) -> ModelConfig:

@@ -6,6 +6,7 @@ only the resulting flags.
 
 from __future__ import annotations
 
+from refllm.architectures.deepseek import read_deepseek_v3
 from refllm.architectures.gemma import read_gemma3, read_gemma3_text
 from refllm.architectures.llama import read_llama, read_mistral, read_phi3, read_qwen
 
@@ -17,5 +18,6 @@ READERS = {  # config.json's model_type -> its reader
     "phi3": read_phi3,
     "gemma3_text": read_gemma3_text,
     "gemma3": read_gemma3,
+    "deepseek_v3": read_deepseek_v3,
 }
 SUPPORTED_ARCHITECTURES = tuple(READERS)

@@ -17,7 +17,6 @@ set's attention or, for ``fast``, the cache's own kernels.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import fields
 from typing import Any
 
 import numpy as np
@@ -26,8 +25,9 @@ from refllm.config import ModelConfig
 from refllm.errors import ContextLengthError, InvalidInputError, PositionError, TokenOutOfRangeError
 from refllm.kv import CacheConfig, CacheShape, KVCache, create_cache
 from refllm.models.contract import ModelMetadata, ModelSource
+from refllm.models.deepseek import grouped_experts_mlp, latent_self_attention
 from refllm.models.ops import SPEC_OPS, OpSet, fast_ops
-from refllm.models.weights import LayerWeights, ModelWeights, assemble
+from refllm.models.weights import LayerWeights, ModelWeights, assemble, weight_leaves
 from refllm.nn.rope import RopeTable
 
 DTYPES = ("float32", "float64")
@@ -89,6 +89,8 @@ class LlamaFamilyModel:
     @property
     def cache_shape(self) -> CacheShape:
         c = self.config
+        if c.latent_attention is not None:  # one latent per token and layer, as a single key head without values
+            return CacheShape(c.num_hidden_layers, 1, c.latent_attention.cache_width, self.dtype.name, value_dim=0)
         return CacheShape(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, self.dtype.name)
 
     def create_kv_cache(self, config: CacheConfig | None = None) -> KVCache:
@@ -184,9 +186,11 @@ class LlamaFamilyModel:
         x = x + h
         # Llama's post_attention_layernorm is the pre-MLP norm; Gemma names it pre_feedforward_layernorm.
         h = self._norm(x, w.pre_feedforward_layernorm if sandwich else w.post_attention_layernorm)
-        # refllm.nn.mlp.gated_mlp, one op at a time: down(act(gate(h)) * up(h))
-        gate, up = ops.linear(h, w.gate_proj, w.gate_proj_bias), ops.linear(h, w.up_proj, w.up_proj_bias)
-        h = ops.linear(ops.gated(gate, up, self.config.hidden_act), w.down_proj, w.down_proj_bias)
+        if w.experts is not None:
+            h = grouped_experts_mlp(self, w.experts, h)
+        else:  # refllm.nn.mlp.gated_mlp, one op at a time: down(act(gate(h)) * up(h))
+            gate, up = ops.linear(h, w.gate_proj, w.gate_proj_bias), ops.linear(h, w.up_proj, w.up_proj_bias)
+            h = ops.linear(ops.gated(gate, up, self.config.hidden_act), w.down_proj, w.down_proj_bias)
         if sandwich:
             h = self._norm(h, w.post_feedforward_layernorm)
         return x + h
@@ -196,6 +200,8 @@ class LlamaFamilyModel:
     ) -> np.ndarray:
         """x: [B, T, D] (normed) -> attention output projected back to [B, T, D]."""
         c, ops = self.config, self.ops
+        if w.latent is not None:
+            return latent_self_attention(self, layer_index, w.latent, x, positions, cache, seq_ids)
         B, T, _ = x.shape
         q = ops.linear(x, w.q_proj, w.q_proj_bias).reshape(B, T, c.num_attention_heads, c.head_dim)
         k = ops.linear(x, w.k_proj, w.k_proj_bias).reshape(B, T, c.num_key_value_heads, c.head_dim)
@@ -298,8 +304,7 @@ def _check_dtype(dtype: Any, weights: ModelWeights) -> np.dtype:
 
 
 def _spec_ops_for(weights: ModelWeights) -> OpSet:
-    layer_arrays = [getattr(layer, field.name) for layer in weights.layers for field in fields(layer)]
-    if any(not isinstance(a, (np.ndarray, type(None))) for a in [weights.lm_head, *layer_arrays]):
+    if any(not isinstance(a, np.ndarray) for a in weight_leaves(weights)):
         raise ModelDtypeError("the spec ops read dequantized weights; load the model without quantized=True")
     return SPEC_OPS
 

@@ -16,11 +16,24 @@ import numpy as np
 
 from refllm.config import ModelConfig
 from refllm.errors import MissingTensorError, WeightError
+from refllm.models.deepseek_weights import (
+    GroupedExpertsWeights,
+    LatentAttentionWeights,
+    grouped_experts_shapes,
+    grouped_experts_weights,
+    latent_attention_shapes,
+    latent_attention_weights,
+    split_fused_experts,
+)
 
 
 @dataclass
 class LayerWeights:
-    """One decoder layer. Projections are [out, in], as checkpoints store them."""
+    """One decoder layer. Projections are [out, in], as checkpoints store them.
+
+    DeepSeek-V3's layers hold ``latent`` instead of q/k/v/o, and its sparse layers ``experts``
+    instead of gate/up/down (those fields are then None).
+    """
 
     input_layernorm: np.ndarray  # [D]
     post_attention_layernorm: np.ndarray  # [D]
@@ -42,6 +55,8 @@ class LayerWeights:
     k_norm: np.ndarray | None = None  # [E]
     pre_feedforward_layernorm: np.ndarray | None = None  # [D], Gemma's sandwich norms
     post_feedforward_layernorm: np.ndarray | None = None
+    latent: LatentAttentionWeights | None = None
+    experts: GroupedExpertsWeights | None = None
 
 
 @dataclass
@@ -59,29 +74,23 @@ class ModelWeights:
 def checkpoint_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor name (Hugging Face spelling) of a checkpoint for ``config``, with its shape."""
     D, F, V, E = config.hidden_size, config.intermediate_size, config.vocab_size, config.head_dim
-    H, K = config.num_attention_heads, config.num_key_value_heads
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (V, D), "model.norm.weight": (D,)}
     if not config.tie_word_embeddings:
         shapes["lm_head.weight"] = (V, D)
     for i in range(config.num_hidden_layers):
         attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
-        if config.fused_qkv:
-            shapes[attn + "qkv_proj.weight"] = ((H + 2 * K) * E, D)
+        if config.latent_attention is not None:
+            shapes |= latent_attention_shapes(config, i)
         else:
-            shapes |= {attn + "q_proj.weight": (H * E, D), attn + "k_proj.weight": (K * E, D)}
-            shapes[attn + "v_proj.weight"] = (K * E, D)
-        shapes[attn + "o_proj.weight"] = (D, H * E)
-        if config.qkv_bias:
-            shapes |= {attn + "q_proj.bias": (H * E,), attn + "k_proj.bias": (K * E,), attn + "v_proj.bias": (K * E,)}
-        if config.o_proj_bias:
-            shapes[attn + "o_proj.bias"] = (D,)
+            shapes |= _attention_shapes(config, attn)
         if config.qk_norm:
             shapes |= {attn + "q_norm.weight": (E,), attn + "k_norm.weight": (E,)}
-        if config.fused_gate_up:
-            shapes[mlp + "gate_up_proj.weight"] = (2 * F, D)
+        if config.grouped_experts is not None and config.grouped_experts.is_sparse(i):
+            shapes |= grouped_experts_shapes(config, i)
+        elif config.fused_gate_up:
+            shapes |= {mlp + "gate_up_proj.weight": (2 * F, D), mlp + "down_proj.weight": (D, F)}
         else:
-            shapes |= {mlp + "gate_proj.weight": (F, D), mlp + "up_proj.weight": (F, D)}
-        shapes[mlp + "down_proj.weight"] = (D, F)
+            shapes |= {mlp + "gate_proj.weight": (F, D), mlp + "up_proj.weight": (F, D), mlp + "down_proj.weight": (D, F)}
         if config.mlp_bias:
             shapes |= {mlp + "gate_proj.bias": (F,), mlp + "up_proj.bias": (F,), mlp + "down_proj.bias": (D,)}
         norms = ["input_layernorm", "post_attention_layernorm"]
@@ -89,6 +98,21 @@ def checkpoint_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
         for norm in norms:
             shapes[f"model.layers.{i}.{norm}.weight"] = (D,)
+    return shapes
+
+
+def _attention_shapes(config: ModelConfig, attn: str) -> dict[str, tuple[int, ...]]:
+    """q/k/v/o projections (Phi-3's fused qkv) and their biases, names after ``attn``."""
+    D, E, H, K = config.hidden_size, config.head_dim, config.num_attention_heads, config.num_key_value_heads
+    if config.fused_qkv:
+        shapes = {attn + "qkv_proj.weight": ((H + 2 * K) * E, D)}
+    else:
+        shapes = {attn + "q_proj.weight": (H * E, D), attn + "k_proj.weight": (K * E, D), attn + "v_proj.weight": (K * E, D)}
+    shapes[attn + "o_proj.weight"] = (D, H * E)
+    if config.qkv_bias:
+        shapes |= {attn + "q_proj.bias": (H * E,), attn + "k_proj.bias": (K * E,), attn + "v_proj.bias": (K * E,)}
+    if config.o_proj_bias:
+        shapes[attn + "o_proj.bias"] = (D,)
     return shapes
 
 
@@ -114,6 +138,7 @@ def assemble(config: ModelConfig, source, dtype=np.float32) -> ModelWeights:
     Float tensors come out in ``dtype``; a quantized matrix (a ``QuantizedTensor``) stays in its blocks.
     """
     expected = checkpoint_shapes(config)
+    source = split_fused_experts(source)
     available = {}
     for stored in source.tensor_names():
         name = canonical_name(stored)
@@ -149,7 +174,9 @@ def _from_tensors(config: ModelConfig, tensors: dict[str, np.ndarray]) -> ModelW
         def get(suffix: str) -> np.ndarray | None:
             return tensors.get(prefix + suffix)
 
-        if config.fused_qkv:
+        if config.latent_attention is not None:
+            q = k = v = None  # in ``latent``
+        elif config.fused_qkv:
             # Phi-3: rows [q | k | v] of one projection; row slices are views, no copy.
             qkv = get("self_attn.qkv_proj.weight")
             q, k, v = qkv[: H * E], qkv[H * E : (H + K) * E], qkv[(H + K) * E :]
@@ -182,6 +209,8 @@ def _from_tensors(config: ModelConfig, tensors: dict[str, np.ndarray]) -> ModelW
                 k_norm=get("self_attn.k_norm.weight"),
                 pre_feedforward_layernorm=get("pre_feedforward_layernorm.weight"),
                 post_feedforward_layernorm=get("post_feedforward_layernorm.weight"),
+                latent=latent_attention_weights(config, get) if config.latent_attention else None,
+                experts=grouped_experts_weights(config, get) if get("mlp.gate.weight") is not None else None,
             )
         )
     embed = tensors["model.embed_tokens.weight"]
@@ -196,11 +225,9 @@ def weight_format(array: Any) -> str:
     return {"float32": "F32", "float64": "F64", "float16": "F16"}.get(array.dtype.name, array.dtype.name.upper())
 
 
-def weight_bytes_by_format(weights: Any) -> dict[str, int]:
-    """Bytes of a model's weights (a ModelWeights, or any dataclass of arrays and lists of them) by format.
-
-    An array reached twice (a tied embedding and LM head) counts once.
-    """
+def weight_leaves(weights: Any) -> list[Any]:
+    """Every array (or QuantizedTensor) of a ModelWeights, or any dataclass of them, lists and tuples
+    followed; an array reached twice (a tied embedding and LM head) is listed once."""
     seen: dict[int, Any] = {}
 
     def visit(value: Any) -> None:
@@ -214,7 +241,15 @@ def weight_bytes_by_format(weights: Any) -> dict[str, int]:
                 visit(getattr(value, field.name))
 
     visit(weights)
+    return list(seen.values())
+
+
+def weight_bytes_by_format(weights: Any) -> dict[str, int]:
+    """Bytes of a model's weights (a ModelWeights, or any dataclass of arrays and lists of them) by format.
+
+    An array reached twice (a tied embedding and LM head) counts once.
+    """
     totals: dict[str, int] = {}
-    for array in seen.values():
+    for array in weight_leaves(weights):
         totals[weight_format(array)] = totals.get(weight_format(array), 0) + array.nbytes
     return dict(sorted(totals.items(), key=lambda item: -item[1]))
