@@ -16,6 +16,7 @@ from refllm.kv import CacheConfig
 from refllm.kv.paged import PagedKVArena
 from refllm.models.contract import InMemorySource
 from refllm.models.llama import LlamaFamilyModel
+from refllm.nn.moe_grouped import grouped_topk_routing, sigmoid
 from refllm.nn.rope import RopeTable, rotary_dims
 from refllm.runtime.llm import LLM
 from refllm.testing.backends import LLMBackend, ModelBackend
@@ -280,6 +281,45 @@ class DroppedQkvBias(LlamaFamilyModel):
         super().__init__(config, replace(weights, layers=layers), tokenizer, *args)
 
 
+# --- DeepSeek-V3: latent cache and grouped routing ---------------------------------------------
+
+
+class _RopeKeyUnrotated(_CacheProxy):
+    def __init__(self, inner, raw_rope_key, rank):
+        super().__init__(inner)
+        self.raw_rope_key, self.rank = raw_rope_key, rank
+
+    def write(self, layer, seq_ids, k, v):
+        k = k.copy()
+        k[..., self.rank :] = self.raw_rope_key
+        self.inner.write(layer, seq_ids, k, v)
+
+
+class LatentRopeKeyCachedBeforeRope(LlamaFamilyModel):
+    """Latent attention caches its shared RoPE key before rotating it (queries are rotated)."""
+
+    def self_attention(self, layer_index, w, x, positions, cache, seq_ids):
+        if w.latent is not None:
+            rank = self.config.latent_attention.kv_lora_rank
+            compressed = self.ops.linear(x, w.latent.kv_a_proj_with_mqa, w.latent.kv_a_proj_with_mqa_bias)
+            cache = _RopeKeyUnrotated(cache, compressed[:, :, None, rank:], rank)
+        return super().self_attention(layer_index, w, x, positions, cache, seq_ids)
+
+
+def _bias_in_weights(router_logits, correction_bias, top_k, num_groups, groups_per_token, norm, scaling):
+    expert_ids, _ = grouped_topk_routing(router_logits, correction_bias, top_k, num_groups, groups_per_token, norm, scaling)
+    weights = np.take_along_axis(sigmoid(router_logits) + correction_bias, expert_ids, axis=-1)
+    if norm:
+        weights = weights / (weights.sum(axis=-1, keepdims=True) + 1e-20)
+    return expert_ids, weights * scaling
+
+
+class RoutingBiasInWeights(LlamaFamilyModel):
+    """DeepSeek's router weighs the chosen experts by score + correction bias, not the score alone."""
+
+    route_experts = staticmethod(_bias_in_weights)
+
+
 # --- runtimes whose bookkeeping is wrong (seen through LLMBackend) --------------------------------
 
 
@@ -420,6 +460,14 @@ def dropped_qkv_bias(checkpoint):
     return _backend(DroppedQkvBias, checkpoint)
 
 
+def latent_rope_key_cached_before_rope(checkpoint):
+    return _backend(LatentRopeKeyCachedBeforeRope, checkpoint)
+
+
+def routing_bias_in_weights(checkpoint):
+    return _backend(RoutingBiasInWeights, checkpoint)
+
+
 def accepts_decode_on_unknown_id(checkpoint):
     return _llm_backend(AcceptsDecodeOnUnknownId, checkpoint)
 
@@ -452,6 +500,8 @@ MUTANTS = [
     stray_lm_head,
     greedy_skips_last_id,
     dropped_qkv_bias,
+    latent_rope_key_cached_before_rope,
+    routing_bias_in_weights,
     accepts_decode_on_unknown_id,
     release_keeps_kv,
     batch_rows_sorted,

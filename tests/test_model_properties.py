@@ -18,7 +18,7 @@ def tiny_config(model_type: str, sliding_window: int | None = None) -> ModelConf
     return ModelConfig.from_hf(tiny_config_json(model_type, sliding_window or 5))
 
 
-ARCHITECTURES = ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text"]
+ARCHITECTURES = ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text", "deepseek_v3"]
 _MODELS = {}
 
 

@@ -22,7 +22,6 @@ from refllm.kv import KVCache
 from refllm.models.deepseek_weights import GroupedExpertsWeights, LatentAttentionWeights
 from refllm.nn.experts import experts_forward
 from refllm.nn.latent_attention import LATENT_NORM_EPS, latent_attention
-from refllm.nn.moe_grouped import grouped_topk_routing
 
 
 def latent_self_attention(
@@ -57,7 +56,7 @@ def grouped_experts_mlp(model, w: GroupedExpertsWeights, x: np.ndarray) -> np.nd
     c, ops = model.config, model.ops
     experts = c.grouped_experts
     tokens = x.reshape(-1, x.shape[-1])  # [B T, D]: routing is per token
-    expert_ids, expert_weights = grouped_topk_routing(
+    expert_ids, expert_weights = model.route_experts(
         ops.linear(tokens, w.gate),
         w.e_score_correction_bias,
         experts.experts_per_token,

@@ -1,4 +1,4 @@
-"""LlamaFamilyModel: one forward pass for Llama, Mistral, Qwen2/3, Phi-3 and Gemma 3.
+"""LlamaFamilyModel: one forward pass for Llama, Mistral, Qwen2/3, Phi-3, Gemma 3 and DeepSeek-V3.
 
 The architectures differ only by flags in ``ModelConfig``; ``_forward`` follows
 one token's path and each step is a call into the model's op set
@@ -12,6 +12,9 @@ set's attention or, for ``fast``, the cache's own kernels.
                         -> output projection -> (post-attention norm) -> residual
                         -> norm -> MLP -> (post-MLP norm) -> residual
         -> final norm -> LM head -> (soft-cap) -> logits
+
+DeepSeek-V3 swaps two blocks (``refllm/models/deepseek.py``): latent attention for
+the q/k/v attention, and in its sparse layers routed experts for the MLP.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from refllm.models.contract import ModelMetadata, ModelSource
 from refllm.models.deepseek import grouped_experts_mlp, latent_self_attention
 from refllm.models.ops import SPEC_OPS, OpSet, fast_ops
 from refllm.models.weights import LayerWeights, ModelWeights, assemble, weight_leaves
+from refllm.nn.moe_grouped import grouped_topk_routing
 from refllm.nn.rope import RopeTable
 
 DTYPES = ("float32", "float64")
@@ -42,6 +46,8 @@ class LlamaFamilyModel:
 
     supports_decode_all_logits = True
     supports_hidden_states = True
+    # DeepSeek-V3's router, (router_logits [T, X], correction_bias [X], ...) -> (expert_ids, expert_weights)
+    route_experts = staticmethod(grouped_topk_routing)
 
     def __init__(
         self,
