@@ -82,6 +82,9 @@ class ModelConfig:
     # DeepSeek-V3: multi-head latent attention instead of q/k/v, experts in place of some MLPs.
     latent_attention: LatentAttention | None = None
     grouped_experts: GroupedExperts | None = None
+    # Layers a checkpoint holds past the last that plain decoding never runs (DeepSeek-V3's
+    # multi-token-prediction module, num_nextn_predict_layers): their tensors are skipped.
+    unused_layers: int = 0
 
     def __post_init__(self) -> None:
         check_fields(self)  # before anything is built per layer

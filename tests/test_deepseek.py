@@ -21,7 +21,7 @@ from refllm.models.weights import checkpoint_shapes
 from refllm.nn.moe_grouped import grouped_topk_routing
 from refllm.runtime.llm import LLM
 from tests.hf_fixtures import DATA, NEW_TOKENS
-from tests.test_hf_parity import ATOL, RTOL, all_logits, greedy
+from tests.test_hf_parity import ATOL, RTOL, all_logits
 
 CASES = ["deepseek_v3", "deepseek_v3-plain-q"]
 
@@ -173,3 +173,23 @@ def test_a_bad_deepseek_config_is_refused_by_name(change, named):
     assert ModelConfig.from_hf(config_json) == config
     with pytest.raises(ConfigError, match=named):
         ModelConfig.from_hf(config_json | change)
+
+
+def test_the_multi_token_prediction_layer_of_official_checkpoints_is_skipped(tmp_path):
+    """DeepSeek-V3's checkpoints hold layer L (num_nextn_predict_layers = 1) past the L decoder layers."""
+    from safetensors.numpy import save_file
+
+    config, tensors = fixture_tensors("deepseek_v3")
+    last = f"model.layers.{config.num_hidden_layers - 1}."
+    extra = f"model.layers.{config.num_hidden_layers}."
+    prediction = {extra + n[len(last) :]: t for n, t in tensors.items() if n.startswith(last)}
+    prediction[extra + "eh_proj.weight"] = np.zeros((config.hidden_size, 2 * config.hidden_size), np.float32)
+    save_file(tensors | prediction, str(tmp_path / "model.safetensors"))
+    config_json = json.loads((DATA / "deepseek_v3" / "config.json").read_text())
+    assert config_json["num_nextn_predict_layers"] == 1
+    (tmp_path / "config.json").write_text(json.dumps(config_json))
+    reference = np.load(DATA / "deepseek_v3" / "reference.npz")
+    np.testing.assert_allclose(all_logits(refllm.load_model(tmp_path), reference["input_ids"]), reference["logits"], ATOL, RTOL)
+    (tmp_path / "config.json").write_text(json.dumps(config_json | {"num_nextn_predict_layers": 0}))
+    with pytest.raises(ConfigError, match="layers"):
+        refllm.load_model(tmp_path)

@@ -162,4 +162,5 @@ def read_deepseek_v3(keys: HFKeys) -> dict[str, Any]:
         rope={FULL_ATTENTION: rope},
         latent_attention=latent,
         grouped_experts=experts,
+        unused_layers=int(keys.get("num_nextn_predict_layers", 0)),
     )

@@ -15,11 +15,12 @@ from refllm import progress
 from refllm.commands import common
 from refllm.errors import InvalidInputError
 from refllm.io.gguf import GGUFSource
-from refllm.kv import CacheConfig, CacheShape
+from refllm.kv import CacheConfig
 from refllm.kv.base import blocks_for
 from refllm.machine import cpu_name, thread_settings
 from refllm.memory import available_memory, weight_bytes
 from refllm.models.contract import ModelSource
+from refllm.models.llama import cache_shape_for
 from refllm.quant.linear import QuantizedTensor
 from refllm.runtime.llm import LLM
 
@@ -32,7 +33,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     context = args.context or c.context_length
     if context > c.context_length:
         raise InvalidInputError(f"--context {context} is longer than {args.model}'s context of {c.context_length}")
-    kv_per_token = CacheShape(c.num_hidden_layers, c.num_key_value_heads, c.head_dim).bytes_per_token
+    kv_per_token = cache_shape_for(c).bytes_per_token
     block_size = CacheConfig().block_size
     kv = blocks_for(context, block_size) * block_size * kv_per_token
     weights = weight_bytes(source, quantized=False)

@@ -4,8 +4,9 @@ The official checkpoints (and transformers' ``save_pretrained``) store every
 expert apart, ``mlp.experts.{e}.gate_proj/up_proj/down_proj.weight``; a
 transformers model's own state dict fuses them into 3-D tensors
 (``mlp.experts.gate_up_proj`` [X, 2F, D], ``mlp.experts.down_proj`` [X, D, F]).
-``split_fused_experts`` reads the second layout as the first, so one name map
-serves both.
+``deepseek_view`` reads the second layout as the first, so one name map serves
+both, and hides the multi-token-prediction layers the official checkpoints hold
+past the last layer (``num_nextn_predict_layers``; plain decoding never runs them).
 
 RoPE dims arrive interleaved (pairs 2i, 2i+1) when ``rope_interleave`` is set;
 the rows that make q_rope and k_rope are permuted once here to the rotate-half
@@ -138,14 +139,17 @@ def grouped_experts_weights(config: ModelConfig, get: Callable[[str], np.ndarray
 
 
 _FUSED = re.compile(r"(model\.layers\.\d+\.mlp\.experts\.)(gate_up_proj|down_proj)$")
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
 
 
-class _UnfusedExperts:
-    """A ModelSource that shows fused 3-D expert tensors as the per-expert tensors they hold."""
+class _DeepseekView:
+    """A ModelSource that shows fused 3-D expert tensors as the per-expert tensors they hold, and hides
+    the tensors of layers past ``num_layers`` (the multi-token-prediction module)."""
 
-    def __init__(self, source, fused: dict[str, str]):
+    def __init__(self, source, fused: dict[str, str], num_layers: int):
         self._source = source
         self._fused = fused  # fused name -> its prefix, "model.layers.{i}.mlp.experts."
+        self._num_layers = num_layers
         self._parts: dict[str, tuple[str, int, slice]] = {}  # per-expert name -> (fused name, expert, rows)
         for name, prefix in fused.items():
             stacked_shape = source.tensor(name).shape  # [X, 2F, D] or [X, D, F]
@@ -161,7 +165,8 @@ class _UnfusedExperts:
         return getattr(self._source, name)
 
     def tensor_names(self) -> list[str]:
-        return [n for n in self._source.tensor_names() if n not in self._fused] + list(self._parts)
+        names = [n for n in self._source.tensor_names() if n not in self._fused] + list(self._parts)
+        return [n for n in names if not ((layer := _LAYER.match(n)) and int(layer.group(1)) >= self._num_layers)]
 
     def tensor(self, name: str):
         if name not in self._parts:
@@ -173,7 +178,10 @@ class _UnfusedExperts:
         return self._source.where(self._parts[name][0] if name in self._parts else name)
 
 
-def split_fused_experts(source):
-    """``source`` itself, or a view of it with fused expert tensors split per expert."""
+def deepseek_view(config: ModelConfig, source):
+    """``source`` itself, or for DeepSeek-V3 a view of it with fused expert tensors split per expert
+    and its unused layers hidden."""
+    if config.grouped_experts is None and not config.unused_layers:
+        return source
     fused = {name: match.group(1) for name in source.tensor_names() if (match := _FUSED.match(name))}
-    return _UnfusedExperts(source, fused) if fused else source
+    return _DeepseekView(source, fused, config.num_hidden_layers)

@@ -94,10 +94,7 @@ class LlamaFamilyModel:
 
     @property
     def cache_shape(self) -> CacheShape:
-        c = self.config
-        if c.latent_attention is not None:  # one latent per token and layer, as a single key head without values
-            return CacheShape(c.num_hidden_layers, 1, c.latent_attention.cache_width, self.dtype.name, value_dim=0)
-        return CacheShape(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, self.dtype.name)
+        return cache_shape_for(self.config, self.dtype.name)
 
     def create_kv_cache(self, config: CacheConfig | None = None) -> KVCache:
         return create_cache(self.cache_shape, config or CacheConfig(), self.config.context_length)
@@ -284,6 +281,15 @@ class LlamaFamilyModel:
                 raise PositionError(f"pos starts at {pos.start} but the cache holds {length} positions")
         if pos.stop > self.config.context_length:
             raise ContextLengthError(f"position {pos.stop - 1} is past the context length {self.config.context_length}")
+
+
+def cache_shape_for(config: ModelConfig, dtype: str = "float32") -> CacheShape:
+    """What a KV cache stores per token for ``config``: K keys and values of E per layer, or for latent
+    attention one latent of C + P per layer (a single key "head", no values)."""
+    c = config
+    if c.latent_attention is not None:
+        return CacheShape(c.num_hidden_layers, 1, c.latent_attention.cache_width, dtype, value_dim=0)
+    return CacheShape(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, dtype)
 
 
 def dtype_name(dtype: Any) -> str:

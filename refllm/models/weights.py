@@ -23,7 +23,7 @@ from refllm.models.deepseek_weights import (
     grouped_experts_weights,
     latent_attention_shapes,
     latent_attention_weights,
-    split_fused_experts,
+    deepseek_view,
 )
 
 
@@ -138,7 +138,7 @@ def assemble(config: ModelConfig, source, dtype=np.float32) -> ModelWeights:
     Float tensors come out in ``dtype``; a quantized matrix (a ``QuantizedTensor``) stays in its blocks.
     """
     expected = checkpoint_shapes(config)
-    source = split_fused_experts(source)
+    source = deepseek_view(config, source)
     available = {}
     for stored in source.tensor_names():
         name = canonical_name(stored)
