@@ -165,6 +165,8 @@ def test_routing_weights_come_from_the_scores_and_ties_go_to_the_lower_index():
         (dict(qk_rope_head_dim=5), "qk_rope_head_dim"),
         (dict(kv_lora_rank=0), "kv_lora_rank"),
         (dict(routed_scaling_factor="x"), "routed_scaling_factor"),
+        (dict(first_k_dense_replace=1.5), "first_k_dense_replace"),
+        (dict(n_shared_experts=-1), "n_shared_experts"),
     ],
 )
 def test_a_bad_deepseek_config_is_refused_by_name(change, named):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from refllm.architectures.keys import HFKeys, common_fields, single_rope
-from refllm.config_checks import check_number, check_size
+from refllm.config_checks import MAX_LAYERS, check_number, check_size
 from refllm.errors import ConfigError
 from refllm.rope_parameters import FULL_ATTENTION, RopeParameters
 
@@ -127,6 +127,14 @@ def softmax_scale(qk_head_dim: int, rope: RopeParameters) -> float:
     return scale
 
 
+def _count(keys: HFKeys, key: str) -> int:
+    """A whole number >= 0 (0 when absent), refused by name otherwise."""
+    value = keys.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_LAYERS:
+        raise ConfigError(f"{key} must be an integer in [0, {MAX_LAYERS}]; got {value!r:.60}")
+    return value
+
+
 def read_deepseek_v3(keys: HFKeys) -> dict[str, Any]:
     common = common_fields(keys)
     q_lora_rank = keys.get("q_lora_rank")
@@ -142,12 +150,12 @@ def read_deepseek_v3(keys: HFKeys) -> dict[str, Any]:
         num_experts=keys.size("n_routed_experts"),
         experts_per_token=keys.size("num_experts_per_tok"),
         expert_intermediate_size=keys.size("moe_intermediate_size"),
-        num_shared_experts=int(keys.get("n_shared_experts", 0)),
+        num_shared_experts=_count(keys, "n_shared_experts"),
         num_groups=keys.size("n_group", 1),
         groups_per_token=keys.size("topk_group", 1),
         norm_topk_prob=bool(keys.get("norm_topk_prob", True)),
         routed_scaling_factor=check_number(keys.get("routed_scaling_factor", 1.0), "routed_scaling_factor"),
-        first_k_dense_replace=int(keys.get("first_k_dense_replace", 0)),
+        first_k_dense_replace=_count(keys, "first_k_dense_replace"),
         moe_layer_freq=keys.size("moe_layer_freq", 1),
     )
     rope = single_rope(keys)
@@ -162,5 +170,5 @@ def read_deepseek_v3(keys: HFKeys) -> dict[str, Any]:
         rope={FULL_ATTENTION: rope},
         latent_attention=latent,
         grouped_experts=experts,
-        unused_layers=int(keys.get("num_nextn_predict_layers", 0)),
+        unused_layers=_count(keys, "num_nextn_predict_layers"),
     )
