@@ -12,12 +12,15 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import refllm
 from refllm import CacheConfig, InMemorySource, LlamaFamilyModel, ModelConfig
 from refllm.errors import ConfigError
 from refllm.loading import open_source
 from refllm.models.weights import checkpoint_shapes
+from refllm.nn.latent_attention import absorbed_latent_attention, latent_attention
 from refllm.nn.moe_grouped import grouped_topk_routing
 from refllm.runtime.llm import LLM
 from tests.hf_fixtures import DATA, NEW_TOKENS
@@ -195,3 +198,28 @@ def test_the_multi_token_prediction_layer_of_official_checkpoints_is_skipped(tmp
     (tmp_path / "config.json").write_text(json.dumps(config_json | {"num_nextn_predict_layers": 0}))
     with pytest.raises(ConfigError, match="layers"):
         refllm.load_model(tmp_path)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    heads=st.integers(1, 4),
+    rank=st.integers(1, 12),
+    nope=st.integers(1, 8),
+    rope=st.sampled_from([2, 4, 8]),
+    value=st.integers(1, 8),
+    new=st.integers(1, 5),
+    past=st.integers(0, 9),
+    window=st.none() | st.integers(1, 6),
+    softcap=st.none() | st.just(5.0),
+    seed=st.integers(0, 2**16),
+)
+def test_the_absorbed_twin_equals_the_expanded_spec(heads, rank, nope, rope, value, new, past, window, softcap, seed):
+    rng = np.random.default_rng(seed)
+    q = rng.normal(size=(new, heads, nope + rope))
+    latent = rng.normal(size=(past + new, 1, rank + rope))
+    kv_b_proj = rng.normal(size=(heads * (nope + value), rank))
+    args = (q, latent, latent[..., :0], np.arange(past, past + new), 0.3, window, softcap)
+    spec = latent_attention(*args, kv_b_proj=kv_b_proj, nope_dim=nope)
+    twin = absorbed_latent_attention(*args, kv_b_proj=kv_b_proj, nope_dim=nope)
+    assert spec.shape == (new, heads, value)
+    np.testing.assert_allclose(twin, spec, rtol=1e-10, atol=1e-10)

@@ -2,9 +2,10 @@
 
 ``LlamaFamilyModel`` calls these in place of its q/k/v attention and its MLP when
 the config has ``latent_attention`` / a layer has experts. Each step goes through
-the model's op set; the parts with no kernel twin (the latent's expansion and
-attention, the router, the expert loop) are the ``refllm/nn`` functions in both
-op sets.
+the model's op set; attention over the cached latents is the op set's
+(``latent_attention``, or the fast set's absorbed twin), and the parts with no
+kernel twin (the router, the expert loop) are the ``refllm/nn`` functions in
+both op sets.
 
     latent attention:  x -> q (low-rank or plain) -> RoPE on q's last P dims
                        x -> [c | k_rope] -> norm c, RoPE k_rope -> cache [c | k_rope]
@@ -21,7 +22,7 @@ import numpy as np
 from refllm.kv import KVCache
 from refllm.models.deepseek_weights import GroupedExpertsWeights, LatentAttentionWeights
 from refllm.nn.experts import experts_forward
-from refllm.nn.latent_attention import LATENT_NORM_EPS, latent_attention
+from refllm.nn.latent_attention import LATENT_NORM_EPS
 
 
 def latent_self_attention(
@@ -45,7 +46,7 @@ def latent_self_attention(
     k_rope = ops.apply_rope(compressed[:, :, None, C:], cos, sin)  # [B, T, 1, P]: one key for all heads
     cached = np.concatenate([kv[:, :, None, :], k_rope], axis=-1)  # [B, T, 1, C + P]
     cache.write(layer_index, seq_ids, cached, cached[..., :0])  # no values: they come from the latent
-    attend = functools.partial(latent_attention, kv_b_proj=w.kv_b_proj, nope_dim=N)
+    attend = functools.partial(ops.latent_attention, kv_b_proj=w.kv_b_proj, nope_dim=N)
     window = c.window_for_layer(layer_index)
     out = cache.attention(layer_index, seq_ids, q, c.attention_scale, window, c.attn_logit_softcapping, attend)
     return ops.linear(out.reshape(B, T, -1), w.o_proj, w.o_proj_bias)  # out: [B, T, H, U]
