@@ -98,8 +98,8 @@ def latent_attention_weights(config: ModelConfig, get: Callable[[str], np.ndarra
     latent, H = config.latent_attention, config.num_attention_heads
     q_rows = _rope_rows(latent.qk_head_dim, latent.qk_rope_head_dim, H, latent.rope_interleave)
     kv_rows = _rope_rows(latent.cache_width, latent.qk_rope_head_dim, 1, latent.rope_interleave)
-    q_proj, q_b_proj, kv_a = get("self_attn.q_proj.weight"), get("self_attn.q_b_proj.weight"), get("self_attn.kv_a_proj_with_mqa.weight")
-    kv_a_bias = get("self_attn.kv_a_proj_with_mqa.bias")
+    q_proj, q_b_proj = get("self_attn.q_proj.weight"), get("self_attn.q_b_proj.weight")
+    kv_a, kv_a_bias = get("self_attn.kv_a_proj_with_mqa.weight"), get("self_attn.kv_a_proj_with_mqa.bias")
     return LatentAttentionWeights(
         kv_a_proj_with_mqa=kv_a[kv_rows],
         kv_a_layernorm=get("self_attn.kv_a_layernorm.weight"),
