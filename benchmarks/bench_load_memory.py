@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -20,6 +21,8 @@ import tempfile
 from pathlib import Path
 
 from machine import SMOLLM2_135M  # benchmarks/machine.py
+
+from refllm.machine import cpu_name, vector_extensions
 
 _CHILD = r"""
 import json, sys, time
@@ -72,6 +75,7 @@ def main() -> None:
     load_ratio = statistics.median((r["peak_load"] - r["after_imports"]) / weight_bytes for r in runs)
     forward_ratio = statistics.median((r["peak_forward"] - r["after_imports"]) / weight_bytes for r in runs)
     load_seconds = statistics.median(r["load_seconds"] for r in runs)
+    print(f"cpu: {cpu_name()}; vectors: {' '.join(vector_extensions()) or '-'}; cores: {os.cpu_count()}")
     print(f"float32 weights: {weight_bytes / 2**20:.0f} MiB, {args.runs} runs (medians)")
     print(f"load time: {load_seconds:.2f} s")
     print(f"peak RSS growth after load:            {load_ratio:.2f}x weight bytes (target <= 1.3x)")

@@ -25,6 +25,13 @@ Numba's cache is filled and no timed process (or its peak memory) includes a
 compilation.
 
     python benchmarks/bench_quantized.py [--model smollm2-135m] [--runs 5] [--threads 2]
+    python benchmarks/bench_quantized.py --busy-check --engines refllm-quantized llama.cpp
+
+``--busy-check`` measures what a busy laptop does to decoding: refllm quantized
+alone on one thread (the quiet single-thread speed), then each engine while
+another process keeps one core busy (a plain Python busy loop started before
+the engine and killed after it). refllm on every core runs with its default
+thread count, which leaves a busy core alone (refllm/kernels/cores.py).
 
 Ratios printed at the end: refllm quantized against llama.cpp and refllm
 float32 (docs/quantization.md), and refllm float32 against transformers
@@ -34,6 +41,7 @@ float32 (docs/quantization.md), and refllm float32 against transformers
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -41,6 +49,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ENGINES = ("refllm-float32", "refllm-quantized", "transformers-float32", "llama.cpp")
@@ -200,11 +209,30 @@ def run_engine(engine: str, path: Path, prompt_tokens: int, decode_tokens: int, 
 # ---- the driver ----------------------------------------------------------------------------------------
 
 
-def child_environment(threads: int) -> dict[str, str]:
+def child_environment(engine: str, threads: int) -> dict[str, str]:
+    """The user's environment with the thread count set. refllm on every core gets its default, which
+    leaves a core that another program keeps busy (refllm/kernels/cores.py); on fewer, a fixed count."""
     env = dict(USER_ENVIRONMENT)
     for name in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         env[name] = str(threads)
+    if engine.startswith("refllm") and threads == os.cpu_count():
+        del env["NUMBA_NUM_THREADS"]
     return env
+
+
+@contextlib.contextmanager
+def busy_core(busy: bool) -> Iterator[None]:
+    """Another process keeping one core busy (a plain busy loop) inside the block, if ``busy``."""
+    if not busy:
+        yield
+        return
+    loop = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)  # running before the engine starts
+        yield
+    finally:
+        loop.kill()
+        loop.wait()
 
 
 def versions() -> dict[str, str]:
@@ -227,6 +255,11 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--decode-tokens", type=int, default=128)
     parser.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
+    parser.add_argument(
+        "--busy-check",
+        action="store_true",
+        help="instead: refllm quantized quiet on 1 thread, then each engine with another process keeping a core busy",
+    )
     parser.add_argument("--child", choices=ENGINES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:  # the parent passes a path; importing refllm here would set OpenMP's policy for every engine
@@ -253,10 +286,10 @@ def main() -> None:
         else:
             engines.append(engine)
 
-    def run(engine: str, prompt_tokens: int, decode_tokens: int) -> dict:
-        command = [sys.executable, __file__, "--child", engine, "--model", str(path), "--threads", str(args.threads),
+    def run(engine: str, prompt_tokens: int, decode_tokens: int, threads: int = args.threads) -> dict:
+        command = [sys.executable, __file__, "--child", engine, "--model", str(path), "--threads", str(threads),
                    "--prompt-tokens", str(prompt_tokens), "--decode-tokens", str(decode_tokens)]  # fmt: skip
-        done = subprocess.run(command, env=child_environment(args.threads), capture_output=True, text=True)
+        done = subprocess.run(command, env=child_environment(engine, threads), capture_output=True, text=True)
         if done.returncode != 0:
             raise SystemExit(f"{engine} failed:\n{done.stderr[-3000:]}")
         return json.loads(done.stdout.strip().splitlines()[-1])
@@ -265,10 +298,17 @@ def main() -> None:
         if engine.startswith("refllm"):
             run(engine, 8, 2)  # fill Numba's cache
 
-    results: dict[str, list[dict]] = {engine: [] for engine in engines}
+    # (label, engine, threads, busy): the plain runs, or with --busy-check the busy-core comparison
+    plan = [(engine, engine, args.threads, False) for engine in engines]
+    if args.busy_check:
+        plan = [("refllm-quantized, quiet, 1 thread", "refllm-quantized", 1, False)] + [
+            (f"{engine}, one core busy", engine, args.threads, True) for engine in engines
+        ]
+    results: dict[str, list[dict]] = {label: [] for label, *_ in plan}
     for number in range(args.runs):
-        for label in engines:
-            figures = run(label, args.prompt_tokens, args.decode_tokens)
+        for label, engine, threads, busy in plan:
+            with busy_core(busy):
+                figures = run(engine, args.prompt_tokens, args.decode_tokens, threads)
             results[label].append(figures)
             print(f"run {number + 1} {label}: prefill {figures['prefill_tokens_per_s']:.1f} tok/s,"
                   f" decode {figures['decode_tokens_per_s']:.1f} tok/s", flush=True)  # fmt: skip
@@ -282,6 +322,8 @@ def main() -> None:
     for engine, runs in results.items():
         decode = statistics.median(r["decode_tokens_per_s"] for r in runs)
         prefill = statistics.median(r["prefill_tokens_per_s"] for r in runs)
+        spread = {key: f"{min(r[key] for r in runs):.1f}-{max(r[key] for r in runs):.1f}"
+                  for key in ("decode_tokens_per_s", "prefill_tokens_per_s")}  # fmt: skip
         peak = statistics.median(r["peak_above_imports"] for r in runs)
         peak_above_start = statistics.median(r["peak_above_start"] for r in runs)
         load = statistics.median(r["load_s"] for r in runs)
@@ -289,15 +331,21 @@ def main() -> None:
             decode=decode, prefill=prefill, peak=peak, peak_above_start=peak_above_start, kv_bytes=runs[0]["kv_bytes"]
         )
         above_start = f"{peak_above_start / 1e6:.0f} MB" if engine.startswith("refllm") else "-"
-        print(f"| {engine} | {decode:.1f} | {prefill:.1f} | {load:.2f} | {peak / 1e6:.0f} MB | {above_start} |")
+        print(f"| {engine} | {decode:.1f} ({spread['decode_tokens_per_s']}) | {prefill:.1f}"
+              f" ({spread['prefill_tokens_per_s']}) | {load:.2f} | {peak / 1e6:.0f} MB | {above_start} |")  # fmt: skip
     quantized = summary.get("refllm-quantized")
     if quantized is not None:
         budget = 1.5 * file_bytes + quantized["kv_bytes"]
         print(f"\nrefllm quantized: peak {quantized['peak_above_start'] / 1e6:.0f} MB above imports and Numba's"
               f" start-up ({quantized['peak'] / 1e6:.0f} MB above imports alone)"
               f" vs 1.5 x file + KV arena = {budget / 1e6:.0f} MB")  # fmt: skip
-    for engine, other in (("refllm-quantized", "llama.cpp"), ("refllm-quantized", "refllm-float32"),
-                          ("refllm-float32", "transformers-float32")):  # fmt: skip
+    pairs = [("refllm-quantized", "llama.cpp"), ("refllm-quantized", "refllm-float32"),
+             ("refllm-float32", "transformers-float32")]  # fmt: skip
+    if args.busy_check:
+        quiet = "refllm-quantized, quiet, 1 thread"
+        pairs = [("refllm-quantized, one core busy", quiet), ("llama.cpp, one core busy", quiet),
+                 ("refllm-quantized, one core busy", "llama.cpp, one core busy")]  # fmt: skip
+    for engine, other in pairs:
         if engine in summary and other in summary:
             print(f"{engine} / {other}: decode {summary[engine]['decode'] / summary[other]['decode']:.2f}x,"
                   f" prefill {summary[engine]['prefill'] / summary[other]['prefill']:.2f}x")  # fmt: skip

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import refllm
 from refllm import catalog, progress
+from refllm.cluster.perplexity import perplexity_on_ray
 from refllm.commands import common
 from refllm.commands.answer import stream_answer
 from refllm.commands.chat import chat_ids, cmd_chat
@@ -35,10 +36,12 @@ from refllm.commands.flags import (
     FLOAT32_HELP,
     MODEL_HELP,
     UsageError,
+    add_cluster_flags,
     add_command,
     add_generation_flags,
     add_precision_flags,
     batch_sizes,
+    cluster_options,
     positive_int,
     precision,
     read_prompt,
@@ -53,7 +56,7 @@ EXIT_USER_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 PLUGINS = (
-    "refllm.testing.golden",
+    "refllm.commands.golden",
     "refllm.testing.server_check",
     "refllm.commands.serve",
     "refllm.commands.models",
@@ -92,17 +95,27 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
         raise UsageError(f"argument --window: {args.window} is too short: a window scores tokens after its first")
     if args.stride is not None and args.stride > args.window:
         raise UsageError(f"argument --stride: {args.stride} is longer than --window {args.window}")
+    on_ray = cluster_options(args)
     path = Path(args.file)
     text = _read_text(path)
-    model = common.load(args.model, context=args.window, context_flag="--window", **precision(args))
-    ids = model.tokenizer.encode(text)
+    if on_ray is None:
+        model = common.load(args.model, context=args.window, context_flag="--window", **precision(args))
+        tokenizer = model.tokenizer
+    else:  # the workers load the weights; here only the tokenizer is needed
+        tokenizer = common.open_checked(
+            args.model, dtype=args.dtype, context=args.window, context_flag="--window"
+        ).tokenizer
+    ids = tokenizer.encode(text)
     if len(ids) < 2:
         raise InvalidInputError(f"{path} holds {len(ids)} token(s); perplexity needs at least 2")
     stride = args.stride or args.window // 2
     spans = sliding_windows(len(ids), args.window, stride)
     start = time.perf_counter()
-    with progress.task(f"scoring {path.name}", total=len(spans), unit="window") as bar:
-        value, scored = perplexity(model, ids, args.window, stride, args.cache, bar.update)
+    if on_ray is None:
+        with progress.task(f"scoring {path.name}", total=len(spans), unit="window") as bar:
+            value, scored = perplexity(model, ids, args.window, stride, args.cache, bar.update)
+    else:
+        value, scored = perplexity_on_ray(args.model, precision(args), ids, args.window, stride, args.cache, **on_ray)
     seconds = time.perf_counter() - start
     print(f"perplexity {value:.4f} over {scored} tokens ({len(spans)} windows of {args.window}, stride {stride})")
     print(f"{scored} tokens scored in {seconds:.1f} s: {scored / seconds:.1f} tokens/s")
@@ -247,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="paged",
         help="the paged arena (default) or the contiguous cache; with --reference, contiguous is the reference",
     )
+    add_cluster_flags(ppl, "keep finished shards here, so an interrupted run resumes")
 
     embed = command(
         "embed",

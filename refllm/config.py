@@ -1,7 +1,8 @@
 """ModelConfig: one dataclass for every supported architecture.
 
-Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 3 and DeepSeek-V3 differ only by the flags below;
-the forward pass in ``refllm/models/llama.py`` reads them, it never asks which
+Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2, Gemma 3, SmolLM3, OLMo 2, DeepSeek-V3 and
+the mixture-of-experts families (Mixtral, Qwen3-MoE, gpt-oss) differ only by the flags
+below; the forward pass in ``refllm/models/llama.py`` reads them, it never asks which
 architecture it is running.
 
 ``ModelConfig.from_hf(config_json)`` reads a Hugging Face ``config.json`` through
@@ -22,6 +23,7 @@ from refllm.architectures.deepseek import GroupedExperts, LatentAttention
 from refllm.architectures.keys import HFKeys
 from refllm.config_checks import check_fields
 from refllm.errors import ConfigError
+from refllm.moe_parameters import MoeParameters
 from refllm.rope_parameters import FULL_ATTENTION, ROPE_TYPES, SLIDING_ATTENTION, RopeParameters
 
 __all__ = [
@@ -62,12 +64,16 @@ class ModelConfig:
     mlp_bias: bool = False
     # Per-head RMSNorm of queries and keys before RoPE (Qwen3, Gemma 3).
     qk_norm: bool = False
+    # OLMo 2: the q/k RMSNorm spans the whole projection (H*E and K*E), not each head.
+    qk_norm_whole: bool = False
     # Gemma stores RMSNorm weights as w - 1 and applies (1 + w).
     norm_weight_offset: float = 0.0
     # Gemma multiplies embeddings by sqrt(D); 1.0 elsewhere.
     embedding_scale: float = 1.0
     # Gemma's sandwich norms: a norm after attention and another pair around the MLP.
     sandwich_norms: bool = False
+    # OLMo 2's post-norms: no norm before attention or the MLP, one after each (refllm/nn/residual.py).
+    post_norms: bool = False
     # Phi-3 stores q/k/v as one qkv_proj and gate/up as one gate_up_proj.
     fused_qkv: bool = False
     fused_gate_up: bool = False
@@ -76,10 +82,15 @@ class ModelConfig:
     final_logit_softcapping: float | None = None
     sliding_window: int | None = None
     layer_types: tuple[str, ...] = ()
+    nope_layers: tuple[int, ...] = ()  # SmolLM3: layers whose queries and keys skip RoPE
     rope: dict[str, RopeParameters] = field(default_factory=dict)  # keyed by layer type
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
-    # DeepSeek-V3: multi-head latent attention instead of q/k/v, experts in place of some MLPs.
+    # gpt-oss: a learned per-head logit joins each attention softmax's denominator.
+    attention_sinks: bool = False
+    # Mixture of experts (Mixtral, Qwen3-MoE, gpt-oss): the sparse layers' routers and experts; None when dense.
+    moe: MoeParameters | None = None
+    # DeepSeek-V3: multi-head latent attention instead of q/k/v, grouped experts in place of some MLPs.
     latent_attention: LatentAttention | None = None
     grouped_experts: GroupedExperts | None = None
     # Layers a checkpoint holds past the last that plain decoding never runs (DeepSeek-V3's
@@ -98,6 +109,11 @@ class ModelConfig:
             )
         if self.attention_scale is None:
             object.__setattr__(self, "attention_scale", self.head_dim**-0.5)
+        for layer in self.nope_layers:
+            if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.num_hidden_layers:
+                raise ConfigError(f"nope_layers holds {layer!r:.30}, not a layer of 0 .. {self.num_hidden_layers - 1}")
+        if self.post_norms and self.sandwich_norms:
+            raise ConfigError("post_norms and sandwich_norms are two placements; a model has one")
         for layer_type in set(self.layer_types):
             if layer_type not in self.rope:
                 raise ConfigError(f"no rope parameters for layer type {layer_type!r}")
@@ -112,6 +128,10 @@ class ModelConfig:
         """The sliding window of ``layer`` (keys within the last W positions), or None."""
         return self.sliding_window if self.layer_types[layer] == SLIDING_ATTENTION else None
 
+    def uses_rope(self, layer: int) -> bool:
+        """False for a NoPE layer, whose attention sees no positions but the causal mask's."""
+        return layer not in self.nope_layers
+
     def rope_for_layer(self, layer: int) -> RopeParameters:
         return self.rope[self.layer_types[layer]]
 
@@ -119,33 +139,42 @@ class ModelConfig:
         return replace(self, **changes)
 
     @property
+    def experts(self) -> MoeParameters | GroupedExperts | None:
+        """The sparse layers' settings, ``moe`` or DeepSeek-V3's ``grouped_experts``; None when dense."""
+        return self.moe if self.moe is not None else self.grouped_experts
+
+    def is_sparse(self, layer: int) -> bool:
+        """Whether ``layer``'s MLP is a mixture of experts."""
+        return self.experts is not None and self.experts.is_sparse(layer)
+
+    @property
     def num_parameters(self) -> int:
-        """Every weight; a mixture of experts counts all its experts."""
+        """Every weight, all experts included."""
         return self._count_parameters(active=False)
 
     @property
-    def num_active_parameters(self) -> int:
-        """The weights one token reads: a mixture of experts counts only the experts a token is routed to."""
+    def active_parameters(self) -> int:
+        """The weights one token's forward pass reads: of each sparse layer, only its k chosen experts
+        (DeepSeek-V3's shared experts, which every token runs, included)."""
         return self._count_parameters(active=True)
 
     def _count_parameters(self, active: bool) -> int:
         D, F, V, E = self.hidden_size, self.intermediate_size, self.vocab_size, self.head_dim
         H, K = self.num_attention_heads, self.num_key_value_heads
-        latent, experts = self.latent_attention, self.grouped_experts
-        if latent is None:
-            attention = D * H * E + 2 * D * K * E + H * E * D
+        if self.latent_attention is None:
+            attention = D * H * E + 2 * D * K * E + H * E * D + (H if self.attention_sinks else 0)
+            attention += ((H + 2 * K) * E if self.qkv_bias else 0) + (D if self.o_proj_bias else 0)
         else:
-            attention = latent.num_parameters(D, H, self.qkv_bias)
-        norms = (4 if self.sandwich_norms else 2) * D + (2 * E if self.qk_norm else 0)
-        total = 0
-        for layer in range(self.num_hidden_layers):
-            if experts is not None and experts.is_sparse(layer):
-                mlp = experts.active_parameters(D) if active else experts.num_parameters(D)
-            else:
-                mlp = 3 * D * F
-            total += attention + mlp + norms
+            attention = self.latent_attention.num_parameters(D, H, self.qkv_bias)
+        dense_mlp = 3 * D * F + (2 * F + D if self.mlp_bias else 0)
+        qk_norms = (H + K) * E if self.qk_norm_whole else 2 * E
+        norms = (4 if self.sandwich_norms else 2) * D + (qk_norms if self.qk_norm else 0)
+        mlps = sum(
+            self.experts.mlp_parameters(D, active) if self.is_sparse(layer) else dense_mlp
+            for layer in range(self.num_hidden_layers)
+        )
         head = 0 if self.tie_word_embeddings else V * D
-        return V * D + total + D + head
+        return V * D + self.num_hidden_layers * (attention + norms) + mlps + D + head
 
     @classmethod
     def from_hf(cls, config: dict[str, Any]) -> ModelConfig:

@@ -43,6 +43,18 @@ def vector_extensions() -> tuple[str, ...]:
     return tuple(name for name in VECTOR_EXTENSIONS if name in flags)
 
 
+def seconds_since_start() -> float | None:
+    """Wall time since this process started (Linux: /proc), or None where it cannot be read."""
+    try:
+        with open("/proc/self/stat") as stat:
+            started_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])  # field 22: starttime
+        with open("/proc/uptime") as uptime:
+            now = float(uptime.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return now - started_ticks / os.sysconf("SC_CLK_TCK")
+
+
 def thread_settings() -> str:
     """One line: Numba's thread count and THREAD_VARIABLES ('-' where unset), as the kernels run under them."""
     import numba
@@ -51,4 +63,7 @@ def thread_settings() -> str:
 
     apply_thread_policy()  # the defaults the kernels set on their first use
     variables = ", ".join(f"{name}={os.environ.get(name, '-')}" for name in THREAD_VARIABLES)
-    return f"{numba.get_num_threads()} Numba threads; {variables}; BLAS on one thread while a model computes"
+    return (
+        f"{numba.get_num_threads()} Numba threads, fewer while other programs keep cores busy; {variables};"
+        " BLAS on the pass's threads in prompt-sized products, on one thread otherwise"
+    )

@@ -67,36 +67,50 @@ def _one_token(config: ModelConfig, w: dict, cache: list, token: int, position: 
     x = w["model.embed_tokens.weight"][token] * c.embedding_scale
     for layer in range(c.num_hidden_layers):
         p = f"model.layers.{layer}."
-        h = _norm(x, w[p + "input_layernorm.weight"], c)
-        rope = c.rope_for_layer(layer)
+        # OLMo 2 feeds the raw residual stream to attention and the MLP; the others a normed copy.
+        h = x if c.post_norms else _norm(x, w[p + "input_layernorm.weight"], c)
         if c.latent_attention is not None:
-            attended = _latent_attend(w, p, h, c, rope, cache[layer][0], position, seq_len)
+            attended = _latent_attend(w, p, h, c, c.rope_for_layer(layer), cache[layer][0], position, seq_len)
         else:
             q, k, v = _qkv(w, p, h, c)
+            if c.qk_norm_whole:  # one RMS over all heads' dims together
+                q = _norm(q, w[p + "self_attn.q_norm.weight"], c)
+                k = _norm(k, w[p + "self_attn.k_norm.weight"], c)
             q, k, v = q.reshape(H, E), k.reshape(K, E), v.reshape(K, E)
-            if c.qk_norm:
+            if c.qk_norm and not c.qk_norm_whole:
                 q = np.stack([_norm(row, w[p + "self_attn.q_norm.weight"], c) for row in q])
                 k = np.stack([_norm(row, w[p + "self_attn.k_norm.weight"], c) for row in k])
-            q, k = _rotate(q, rope, c, position, seq_len), _rotate(k, rope, c, position, seq_len)
+            if layer not in c.nope_layers:  # a NoPE layer attends with unrotated queries and keys
+                rope = c.rope_for_layer(layer)
+                q, k = _rotate(q, rope, c, position, seq_len), _rotate(k, rope, c, position, seq_len)
             keys, values = cache[layer]
             keys.append(k)
             values.append(v)
-            attended = _attend(q, keys, values, position, c.window_for_layer(layer), c)
+            window = c.window_for_layer(layer)
+            attended = _attend(q, keys, values, position, window, c, w.get(p + "self_attn.sinks"))
         a = w[p + "self_attn.o_proj.weight"] @ attended.reshape(-1) + w.get(p + "self_attn.o_proj.bias", 0.0)
-        if c.sandwich_norms:
+        if c.sandwich_norms or c.post_norms:
             a = _norm(a, w[p + "post_attention_layernorm.weight"], c)
         x = x + a
-        pre_mlp = "pre_feedforward_layernorm" if c.sandwich_norms else "post_attention_layernorm"
-        h = _norm(x, w[p + pre_mlp + ".weight"], c)
-        m = _routed_experts(w, p + "mlp.", h, c) if p + "mlp.gate.weight" in w else _mlp(w, p + "mlp.", h, c)
-        if c.sandwich_norms:
+        if c.post_norms:
+            h = x
+        else:
+            pre_mlp = "pre_feedforward_layernorm" if c.sandwich_norms else "post_attention_layernorm"
+            h = _norm(x, w[p + pre_mlp + ".weight"], c)
+        if not c.is_sparse(layer):
+            m = _mlp(w, p + "mlp.", h, c)
+        elif c.grouped_experts is not None:
+            m = _routed_experts(w, p + "mlp.", h, c)
+        else:
+            m = _experts(w, p, h, c)
+        if c.sandwich_norms or c.post_norms:
             m = _norm(m, w[p + "post_feedforward_layernorm.weight"], c)
         x = x + m
     x = _norm(x, w["model.norm.weight"], c)
     head = w["model.embed_tokens.weight"] if c.tie_word_embeddings else w["lm_head.weight"]
     logits = head @ x
-    if c.final_logit_softcapping:
-        logits = c.final_logit_softcapping * np.tanh(logits / c.final_logit_softcapping)
+    if c.final_logit_softcapping:  # squash into (-cap, cap)
+        logits = np.array([c.final_logit_softcapping * math.tanh(z / c.final_logit_softcapping) for z in logits])
     return logits
 
 
@@ -124,11 +138,13 @@ def _mlp(w: dict, p: str, h: np.ndarray, c: ModelConfig) -> np.ndarray:
     else:
         gate = w[p + "gate_proj.weight"] @ h + w.get(p + "gate_proj.bias", 0.0)
         up = w[p + "up_proj.weight"] @ h + w.get(p + "up_proj.bias", 0.0)
+    return w[p + "down_proj.weight"] @ (_activate(gate, c) * up) + w.get(p + "down_proj.bias", 0.0)
+
+
+def _activate(gate: np.ndarray, c: ModelConfig) -> np.ndarray:
     if c.hidden_act == "silu":
-        act = gate / (1.0 + np.exp(-gate))
-    else:  # gelu_pytorch_tanh
-        act = 0.5 * gate * (1.0 + np.tanh(math.sqrt(2 / math.pi) * (gate + 0.044715 * gate**3)))
-    return w[p + "down_proj.weight"] @ (act * up) + w.get(p + "down_proj.bias", 0.0)
+        return gate / (1.0 + np.exp(-gate))
+    return 0.5 * gate * (1.0 + np.tanh(math.sqrt(2 / math.pi) * (gate + 0.044715 * gate**3)))  # gelu_pytorch_tanh
 
 
 def _routed_experts(w: dict, p: str, h: np.ndarray, c: ModelConfig) -> np.ndarray:
@@ -182,8 +198,50 @@ def _latent_attend(
     return out
 
 
-def _attend(q: np.ndarray, keys: list, values: list, position: int, window: int | None, c: ModelConfig) -> np.ndarray:
-    """q [H, E] over the keys of positions 0 .. position (within the window) -> [H, E]."""
+def _experts(w: dict, p: str, h: np.ndarray, c: ModelConfig) -> np.ndarray:
+    """One token through a sparse layer, read straight from the checkpoint's names (per expert, or gpt-oss fused)."""
+    moe = c.moe
+    fused = p + "mlp.experts.gate_up_proj" in w
+    if fused:  # gpt-oss: [X, D, 2M] with gate and up columns interleaved, [X, M, D] down, biases throughout
+        scores = w[p + "mlp.router.weight"] @ h + w[p + "mlp.router.bias"]
+    else:
+        router = p + ("block_sparse_moe.gate.weight" if p + "block_sparse_moe.gate.weight" in w else "mlp.gate.weight")
+        scores = w[router] @ h
+    # Python's sort is stable: a tie goes to the lower expert id
+    ranked = sorted(range(len(scores)), key=lambda e: -scores[e])[: moe.experts_per_token]
+    if moe.routing == "topk_then_softmax":
+        exps = [math.exp(scores[e] - scores[ranked[0]]) for e in ranked]
+        chosen = [(e, x / sum(exps)) for e, x in zip(ranked, exps)]
+    else:
+        exps = np.exp(scores - scores.max())
+        chosen = [(e, exps[e] / exps.sum()) for e in ranked]
+        if moe.norm_topk_prob:
+            total = sum(weight for _, weight in chosen)
+            chosen = [(e, weight / total) for e, weight in chosen]
+    out = np.zeros_like(h)
+    for e, weight in chosen:
+        if fused:
+            gate_up = h @ w[p + "mlp.experts.gate_up_proj"][e] + w[p + "mlp.experts.gate_up_proj_bias"][e]
+            gate = np.minimum(gate_up[0::2], moe.swiglu_limit)
+            up = np.clip(gate_up[1::2], -moe.swiglu_limit, moe.swiglu_limit)
+            hidden = (up + 1) * gate / (1 + np.exp(-moe.swiglu_alpha * gate))
+            y = hidden @ w[p + "mlp.experts.down_proj"][e] + w[p + "mlp.experts.down_proj_bias"][e]
+        else:
+            names = [f"{p}block_sparse_moe.experts.{e}.{n}.weight" for n in ("w1", "w3", "w2")]
+            if names[0] not in w:
+                names = [f"{p}mlp.experts.{e}.{n}.weight" for n in ("gate_proj", "up_proj", "down_proj")]
+            gate_w, up_w, down_w = (w[name] for name in names)
+            y = down_w @ (_activate(gate_w @ h, c) * (up_w @ h))
+        out += weight * y
+    return out
+
+
+def _attend(
+    q: np.ndarray, keys: list, values: list, position: int, window: int | None, c: ModelConfig, sinks=None
+) -> np.ndarray:
+    """q [H, E] over the keys of positions 0 .. position (within the window) -> [H, E].
+
+    sinks: [H] logits that join each head's softmax denominator and weigh no value (gpt-oss)."""
     group = c.num_attention_heads // c.num_key_value_heads
     first = 0 if window is None else max(0, position - window + 1)
     out = np.zeros_like(q)
@@ -192,8 +250,9 @@ def _attend(q: np.ndarray, keys: list, values: list, position: int, window: int 
         scores = np.array([c.attention_scale * (q[head] @ keys[j][kv_head]) for j in range(first, position + 1)])
         if c.attn_logit_softcapping:
             scores = c.attn_logit_softcapping * np.tanh(scores / c.attn_logit_softcapping)
-        weights = np.exp(scores - scores.max())
-        weights /= weights.sum()
+        top = scores.max() if sinks is None else max(scores.max(), sinks[head])
+        weights = np.exp(scores - top)
+        weights /= weights.sum() + (0.0 if sinks is None else math.exp(sinks[head] - top))
         for weight, j in zip(weights, range(first, position + 1)):
             out[head] += weight * values[j][kv_head]
     return out

@@ -129,6 +129,54 @@ CASES: dict[str, tuple[str, dict, str]] = {
         ),
         "float32",
     ),
+    "gemma2": (
+        "Gemma2Config",
+        dict(
+            head_dim=16,
+            sliding_window=8,
+            query_pre_attn_scalar=24,
+            attn_logit_softcapping=2.0,  # low enough that the random scores reach it
+            final_logit_softcapping=3.0,
+        ),
+        "float32",
+    ),
+    # four layers: the released interval (4) leaves the last one without RoPE, as llama.cpp assumes
+    "smollm3": ("SmolLM3Config", dict(num_hidden_layers=4, rope_theta=5_000_000.0), "float32"),
+    "olmo2": ("Olmo2Config", dict(rms_norm_eps=1e-6), "float32"),
+    "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=8), "float32"),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        dict(
+            num_hidden_layers=3,
+            head_dim=16,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            norm_topk_prob=False,
+            mlp_only_layers=[1],
+        ),
+        "float32",
+    ),
+    "gpt_oss": (
+        "GptOssConfig",
+        dict(
+            head_dim=16,
+            sliding_window=8,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            swiglu_limit=1.0,  # low enough that random weights reach the clamp
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 150_000.0,
+                "factor": 4.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+                "original_max_position_embeddings": 32,
+            },
+        ),
+        "float32",
+    ),
     # DeepSeek-V3: latent attention (low-rank q, interleaved RoPE, YaRN whose mscale_all_dim scales the
     # softmax), one dense layer then experts routed in groups with a correction bias and a shared expert.
     "deepseek_v3": ("DeepseekV3Config", dict(_DEEPSEEK, num_hidden_layers=3), "float32"),
@@ -150,6 +198,7 @@ CASES: dict[str, tuple[str, dict, str]] = {
         "float32",
     ),
 }
+ROUTER_SPREAD = 3.0  # router weights scaled so no token's top-k is decided by float rounding
 
 # The long-standing config.json spellings of some cases, written next to the transformers 5 ones.
 LEGACY_CONFIGS: dict[str, dict] = {
@@ -169,6 +218,10 @@ LEGACY_CONFIGS: dict[str, dict] = {
         rope_scaling={"rope_type": "linear", "factor": 8.0},
         sliding_window_pattern=2,
     ),
+    # layers alternate sliding / global without layer_types; the first configs add sliding_window_size
+    "gemma2": dict(rope_theta=10_000.0, sliding_window_size=8),
+    # no_rope_layers derived from the interval
+    "smollm3": dict(rope_theta=5_000_000.0, no_rope_layer_interval=4),
 }
 
 
@@ -193,6 +246,10 @@ def build_hf_model(name: str):
         for param_name, param in model.named_parameters():
             if "norm" in param_name or param_name.endswith(".bias"):
                 param.add_(torch.randn_like(param) * 0.1)
+            if param_name.endswith(("mlp.gate.weight", "mlp.router.weight")):
+                param.mul_(ROUTER_SPREAD)
+            if param_name.endswith("self_attn.sinks"):  # a logit comparable to the attention scores
+                param.copy_(torch.randn_like(param))
         # DeepSeek's router bias starts at 0; give it values that change which experts are chosen.
         for buffer_name, buffer in model.named_buffers():
             if buffer_name.endswith("e_score_correction_bias"):
@@ -241,7 +298,7 @@ def write_case(name: str) -> None:
     np.savez_compressed(out / "reference.npz", **reference)
     if name in LEGACY_CONFIGS:
         config = json.loads((out / "config.json").read_text())
-        for key in ("rope_parameters", "layer_types"):
+        for key in ("rope_parameters", "layer_types", "no_rope_layers"):
             config.pop(key, None)
         config |= LEGACY_CONFIGS[name]
         (out / "config.legacy.json").write_text(json.dumps(config, indent=2))

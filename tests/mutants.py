@@ -17,8 +17,13 @@ from refllm.kv import CacheConfig
 from refllm.kv.paged import PagedKVArena
 from refllm.models.contract import InMemorySource
 from refllm.models.llama import LlamaFamilyModel
+from refllm.models.moe_layer import mixture_of_experts, route
+from refllm.moe_parameters import TOPK_THEN_SOFTMAX
+from refllm.nn.attention import attention_mask, softmax
+from refllm.nn.moe import softmax_then_topk, topk_then_softmax
 from refllm.nn.moe_grouped import grouped_topk_routing, sigmoid
 from refllm.nn.rope import RopeTable, rotary_dims
+from refllm.nn.softcap import soft_cap
 from refllm.runtime.llm import LLM
 from refllm.testing.backends import LLMBackend, ModelBackend
 from refllm.testing.factories import BLOCK_SIZE
@@ -230,18 +235,61 @@ def _softmax_without_max(q, k, v, query_positions, scale, window=None, softcap=N
     return np.einsum("hts,she->the", weights, v).astype(q.dtype)
 
 
-class _UnshiftedSoftmax(_CacheProxy):
+class _AttendReplaced(_CacheProxy):
+    """The plain attention replaced by ``wrong``; an attend bound to its weights (DeepSeek's latent
+    attention, gpt-oss's sinks) is left as it comes, the bug being in the plain one."""
+
+    def __init__(self, inner, wrong):
+        super().__init__(inner)
+        self.wrong = wrong
+
     def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=None):
-        if isinstance(attend, functools.partial):  # latent attention (DeepSeek) brings its own; the bug is in the plain one
-            return self.inner.attention(layer, seq_ids, q, scale, window, softcap, attend)
-        return self.inner.attention(layer, seq_ids, q, scale, window, softcap, _softmax_without_max)
+        attend = attend if isinstance(attend, functools.partial) else self.wrong
+        return self.inner.attention(layer, seq_ids, q, scale, window, softcap, attend)
 
 
 class SoftmaxWithoutMax(LlamaFamilyModel):
     """Softmax without subtracting the max score: large attention scores overflow to inf, then NaN."""
 
     def create_kv_cache(self, config=None):
-        return _UnshiftedSoftmax(super().create_kv_cache(config))
+        return _AttendReplaced(super().create_kv_cache(config), _softmax_without_max)
+
+
+def _softcap_after_mask(q, k, v, query_positions, scale, window=None, softcap=None):
+    """The spec attention with the soft-cap applied after the mask: a masked -inf becomes -cap, so
+    later keys and keys outside the window get weight exp(-cap - max) instead of none."""
+    group = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    scores = np.einsum("the,she->hts", q, k) * np.float32(scale)
+    scores = np.where(attention_mask(query_positions, k.shape[0], window)[None], scores, -np.inf)
+    if softcap is not None:
+        scores = soft_cap(scores, softcap)
+    return np.einsum("hts,she->the", softmax(scores), v).astype(q.dtype)
+
+
+class SoftcapAfterMask(LlamaFamilyModel):
+    """Gemma 2's attention soft-cap applied after the causal mask instead of before it."""
+
+    def create_kv_cache(self, config=None):
+        return _AttendReplaced(super().create_kv_cache(config), _softcap_after_mask)
+
+
+class RopeOnNopeLayers(LlamaFamilyModel):
+    """SmolLM3's NoPE layers rotated like the others."""
+
+    def __init__(self, config, weights, tokenizer=None, *args):
+        super().__init__(config.with_overrides(nope_layers=()), weights, tokenizer, *args)
+
+
+class PreNormNotPostNorm(LlamaFamilyModel):
+    """OLMo 2's norms applied to the sublayers' inputs (Llama's placement) instead of their outputs."""
+
+    def decoder_layer(self, layer_index, w, x, positions, cache, seq_ids):
+        if not self.config.post_norms:
+            return super().decoder_layer(layer_index, w, x, positions, cache, seq_ids)
+        normed = self._norm(x, w.post_attention_layernorm)
+        x = x + self.self_attention(layer_index, w, normed, positions, cache, seq_ids)
+        return x + self.mlp(w, self._norm(x, w.post_feedforward_layernorm))
 
 
 class PadEmbeddingZeroed(LlamaFamilyModel):
@@ -321,6 +369,44 @@ class RoutingBiasInWeights(LlamaFamilyModel):
     """DeepSeek's router weighs the chosen experts by score + correction bias, not the score alone."""
 
     route_experts = staticmethod(_bias_in_weights)
+
+
+# --- mixtures of experts and attention sinks ------------------------------------------------------
+
+
+def _other_order(router_logits, moe):
+    if moe.routing == TOPK_THEN_SOFTMAX:
+        return softmax_then_topk(router_logits, moe.experts_per_token, renormalize=False)
+    return topk_then_softmax(router_logits, moe.experts_per_token)
+
+
+class _RoutedWrong(LlamaFamilyModel):
+    routing = staticmethod(route)
+
+    def mlp(self, w, h):
+        if w.experts is None or self.config.moe is None:  # DeepSeek-V3's router is RoutingBiasInWeights's
+            return super().mlp(w, h)
+        return mixture_of_experts(h, w, self.config, self.ops, self.routing)
+
+
+class RouterOrderSwapped(_RoutedWrong):
+    """The router's softmax after the top-k instead of before (and before it where gpt-oss puts it after)."""
+
+    routing = staticmethod(_other_order)
+
+
+class RouterNotRenormalised(_RoutedWrong):
+    """The k chosen probabilities used as they are, where the config renormalises them to sum to 1."""
+
+    routing = staticmethod(lambda router_logits, moe: route(router_logits, replace(moe, norm_topk_prob=False)))
+
+
+class SinksDropped(LlamaFamilyModel):
+    """gpt-oss's attention sinks never join the softmax."""
+
+    def __init__(self, config, weights, tokenizer=None, *args):
+        layers = [replace(w, sinks=None) for w in weights.layers]
+        super().__init__(config, replace(weights, layers=layers), tokenizer, *args)
 
 
 # --- runtimes whose bookkeeping is wrong (seen through LLMBackend) --------------------------------
@@ -471,6 +557,18 @@ def routing_bias_in_weights(checkpoint):
     return _backend(RoutingBiasInWeights, checkpoint)
 
 
+def router_order_swapped(checkpoint):
+    return _backend(RouterOrderSwapped, checkpoint)
+
+
+def router_not_renormalised(checkpoint):
+    return _backend(RouterNotRenormalised, checkpoint)
+
+
+def sinks_dropped(checkpoint):
+    return _backend(SinksDropped, checkpoint, "paged")
+
+
 def accepts_decode_on_unknown_id(checkpoint):
     return _llm_backend(AcceptsDecodeOnUnknownId, checkpoint)
 
@@ -481,6 +579,18 @@ def release_keeps_kv(checkpoint):
 
 def batch_rows_sorted(checkpoint):
     return _llm_backend(BatchRowsSorted, checkpoint)
+
+
+def softcap_after_mask(checkpoint):
+    return _backend(SoftcapAfterMask, checkpoint)
+
+
+def rope_on_nope_layers(checkpoint):
+    return _backend(RopeOnNopeLayers, checkpoint)
+
+
+def pre_norm_not_post_norm(checkpoint):
+    return _backend(PreNormNotPostNorm, checkpoint)
 
 
 MUTANTS = [
@@ -505,9 +615,15 @@ MUTANTS = [
     dropped_qkv_bias,
     latent_rope_key_cached_before_rope,
     routing_bias_in_weights,
+    router_order_swapped,
+    router_not_renormalised,
+    sinks_dropped,
     accepts_decode_on_unknown_id,
     release_keeps_kv,
     batch_rows_sorted,
+    softcap_after_mask,
+    rope_on_nope_layers,
+    pre_norm_not_post_norm,
 ]
 
 # The property each mutant of issue 16 must be reported by: the one whose call exposes the bug.

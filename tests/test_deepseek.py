@@ -25,6 +25,7 @@ from refllm.nn.moe_grouped import grouped_topk_routing
 from refllm.runtime.llm import LLM
 from tests.hf_fixtures import DATA, NEW_TOKENS
 from tests.test_hf_parity import ATOL, RTOL, all_logits
+from tests.test_moe import weights_read_by_a_decode_step
 
 CASES = ["deepseek_v3", "deepseek_v3-plain-q"]
 
@@ -146,7 +147,21 @@ def test_parameter_counts_cover_latent_attention_and_every_expert(name):
     experts = config.grouped_experts
     sparse = sum(experts.is_sparse(i) for i in range(config.num_hidden_layers))
     unread = (experts.num_experts - experts.experts_per_token) * 3 * config.hidden_size * experts.expert_intermediate_size
-    assert config.num_active_parameters == stored - sparse * unread
+    assert config.active_parameters == stored - sparse * unread
+
+
+def test_a_decode_step_reads_only_the_chosen_and_the_shared_experts():
+    """The sparse layers run the experts loop every mixture shares (refllm/nn/moe.py), through the op set."""
+    model = refllm.load_model(DATA / "deepseek_v3")
+    read = weights_read_by_a_decode_step(model)
+    sparse = [layer for layer in model.weights.layers if layer.experts is not None]
+    assert len(sparse) == 2  # the first layer stays dense
+    for layer in sparse:
+        touched = [e for e, expert in enumerate(layer.experts) if id(expert.gate_proj) in read]
+        assert len(touched) == model.config.grouped_experts.experts_per_token  # 3 of 8
+        assert all({id(layer.experts[e].up_proj), id(layer.experts[e].down_proj)} <= read for e in touched)
+        shared = layer.shared_experts
+        assert {id(shared.gate_proj), id(shared.up_proj), id(shared.down_proj)} <= read
 
 
 def test_routing_weights_come_from_the_scores_and_ties_go_to_the_lower_index():

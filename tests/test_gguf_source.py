@@ -22,19 +22,23 @@ import refllm
 from refllm import CacheConfig, LlamaFamilyModel, ModelConfig
 from refllm.errors import MissingTensorError, WeightError
 from refllm.io.gguf import (
-    GEMMA3_LOCAL_ROPE_THETA,
     GGUFFileError,
     GGUFSource,
     hf_name,
     permute,
     reverse_permute,
 )
+from refllm.io.gguf_families import GEMMA3_LOCAL_ROPE_THETA
 from refllm.io.safetensors import HFDirectorySource
 from refllm.loading import ModelNotFoundError
 from refllm.quant.linear import QuantizedTensor
 from tests.hf_fixtures import DATA, NEW_TOKENS
 
-GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma3_text": "gemma3"}
+GGUF_ARCHITECTURES = {
+    "llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma3_text": "gemma3",
+    "gemma2": "gemma2", "smollm3": "smollm3", "olmo2": "olmo2",
+    "mixtral": "llama", "qwen3_moe": "qwen3moe",  # convert_hf_to_gguf.py writes Mixtral as llama with experts
+}  # fmt: skip
 # Fixtures whose every hyper-parameter a GGUF file can carry, with the tensor type to store them in
 # (the dtype the fixture's safetensors hold, so storing loses nothing).
 EXACT_CASES = {
@@ -75,24 +79,36 @@ def convert(case: str | Path, path, tensor_type: str = "F32", *, skip: tuple[str
     if global_rope.rope_type == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(global_rope.factor)
-    if arch != "gemma3":
+    if arch not in ("gemma3", "gemma2"):
         writer.add_rope_dimension_count(int(c.head_dim * global_rope.partial_rotary_factor))
     if arch == "phi3":
         writer.add_rope_scaling_orig_ctx_len(global_rope.original_max_position_embeddings)
-    if arch in ("phi3", "gemma3"):
+    if arch in ("phi3", "gemma3", "gemma2"):
         writer.add_sliding_window(c.sliding_window or 0)
     if c.final_logit_softcapping:
         writer.add_final_logit_softcapping(c.final_logit_softcapping)
+    if c.attn_logit_softcapping:
+        writer.add_attn_logit_softcapping(c.attn_logit_softcapping)
+    if c.moe is not None:
+        writer.add_expert_count(c.moe.num_experts)
+        writer.add_expert_used_count(c.moe.experts_per_token)
+        if arch == "qwen3moe":
+            writer.add_expert_feed_forward_length(c.moe.moe_intermediate_size)
+            writer.add_expert_weights_norm(c.moe.norm_topk_prob)
     for key, value in (extra or {}).items():
         writer.add_string(key, value) if isinstance(value, str) else writer.add_uint32(key, value)
     if more is not None:
         more(writer)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], c.num_hidden_layers)
-    for name in source.tensor_names():
-        gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+    # gguf's qwen3moe map has no dense MLP (llama.cpp builds every qwen3moe layer sparse); a dense
+    # layer of a model with mlp_only_layers takes the names every other architecture gives it
+    dense_names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, c.num_hidden_layers)
+    for name, tensor in _experts_stacked(source):
+        suffixes = (".weight", ".bias")
+        gguf_name = names.get_name(name, try_suffixes=suffixes) or dense_names.get_name(name, try_suffixes=suffixes)
         if gguf_name in skip:
             continue
-        data, kwargs = _stored(_converted(arch, c, name, source.tensor(name)), tensor_type)
+        data, kwargs = _stored(_converted(arch, c, name, tensor), tensor_type)
         writer.add_tensor(gguf_name, data, **kwargs)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -101,14 +117,34 @@ def convert(case: str | Path, path, tensor_type: str = "F32", *, skip: tuple[str
     return path
 
 
+_EXPERT = re.compile(r"(model\.layers\.\d+\.)(?:block_sparse_moe|mlp)\.experts\.(\d+)\.(\w+)\.weight")
+_STACKED_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}  # Mixtral's names of its projections
+
+
+def _experts_stacked(source):
+    """(name, tensor) of a checkpoint, each layer's per-expert projections stacked into one [X, ...] tensor
+    per projection under the names gguf's tensor map gives ffn_{gate,up,down}_exps, as the converter does."""
+    stacks: dict[str, dict[int, np.ndarray]] = {}
+    for name in source.tensor_names():
+        match = _EXPERT.fullmatch(name)
+        if match is None:
+            yield name, source.tensor(name)
+            continue
+        prefix, expert, projection = match.groups()
+        stacked_name = f"{prefix}mlp.experts.{_STACKED_NAMES.get(projection, projection)}.weight"
+        stacks.setdefault(stacked_name, {})[int(expert)] = source.tensor(name)
+    for name, experts in stacks.items():
+        yield name, np.stack([experts[e] for e in sorted(experts)])
+
+
 def _converted(arch: str, c: ModelConfig, name: str, weights: np.ndarray) -> np.ndarray:
     """What convert_hf_to_gguf.py's modify_tensors does to a tensor before storing it."""
-    if arch == "llama" and ".q_proj." in name:
+    if arch in ("llama", "smollm3") and ".q_proj." in name:
         return permute(weights, c.num_attention_heads)  # LlamaModel.permute(data, n_head, n_head)
-    if arch == "llama" and ".k_proj." in name:
+    if arch in ("llama", "smollm3") and ".k_proj." in name:
         return permute(weights, c.num_key_value_heads)  # LlamaModel.permute(data, n_head, n_kv_head)
-    if arch == "gemma3" and name.endswith("norm.weight"):
-        return weights + np.float32(1.0)  # Gemma3Model: data_torch + 1
+    if arch in ("gemma3", "gemma2") and name.endswith("norm.weight"):
+        return weights + np.float32(1.0)  # Gemma3Model, Gemma2Model: data_torch + 1
     return weights
 
 
@@ -423,3 +459,58 @@ def test_metadata_that_disagrees_with_a_tensor_names_both(tmp_path):
 
 def test_every_refusal_is_a_value_error():
     assert issubclass(GGUFFileError, ValueError)
+
+
+# ---- mixtures of experts ------------------------------------------------------------------------------
+
+
+def _all_sparse_qwen3_moe(directory: Path) -> Path:
+    """Random weights for a Qwen3-MoE whose every layer is sparse, as llama.cpp's qwen3moe graph has them."""
+    from refllm.testing import Checkpoint
+    from refllm.testing.configs import tiny_config_json
+
+    config = tiny_config_json("qwen3_moe") | dict(
+        mlp_only_layers=[], norm_topk_prob=False, moe_intermediate_size=32, max_position_embeddings=128
+    )  # rows of 32: Q8_0 blocks
+    Checkpoint.random(config, seed=5, std=0.3).save(directory)
+    return directory
+
+
+@pytest.mark.parametrize("case", ["mixtral", "qwen3_moe"])
+def test_a_mixture_of_experts_gguf_is_the_safetensors_model(case, tmp_path):
+    """Experts stacked as ffn_{gate,up,down}_exps, the router as ffn_gate_inp: the same weights as the safetensors'."""
+    directory = DATA / case if case == "mixtral" else _all_sparse_qwen3_moe(tmp_path / "hf")
+    path = convert(directory, tmp_path / f"{case}.gguf", "F32")
+    names = {t.name for t in gguf.GGUFReader(path).tensors}
+    assert {"blk.0.ffn_gate_inp.weight", "blk.0.ffn_gate_exps.weight", "blk.0.ffn_down_exps.weight"} <= names
+    model = refllm.load_model(path)
+    safetensors = refllm.load_model(directory)
+    # llama files carry no sliding window (llama.cpp runs Mixtral without one): compare with the
+    # safetensors' weights under the window the file implies
+    c = safetensors.config
+    expected_config = c.with_overrides(
+        rms_norm_eps=float(np.float32(c.rms_norm_eps)), sliding_window=model.config.sliding_window,
+        layer_types=model.config.layer_types, rope=model.config.rope,
+    )
+    assert model.config == expected_config
+    expected = LlamaFamilyModel(expected_config, safetensors.weights)
+    ids = np.random.default_rng(0).integers(0, c.vocab_size, size=(1, 20))
+    np.testing.assert_array_equal(all_logits(model, ids), all_logits(expected, ids))
+
+
+def test_a_quantized_qwen3moe_gguf_keeps_its_router_in_blocks_and_dequantizes_its_stacked_experts(tmp_path):
+    path = convert(_all_sparse_qwen3_moe(tmp_path / "hf"), tmp_path / "q.gguf", "Q8_0")
+    quantized, dequantized = refllm.load_model(path, quantized=True), refllm.load_model(path)
+    assert quantized.config.moe.norm_topk_prob is False  # the file's expert_weights_norm
+    assert isinstance(quantized.weights.layers[0].router, QuantizedTensor)  # a matrix like any other
+    assert isinstance(quantized.weights.layers[0].experts[0].gate_proj, np.ndarray)  # 3-D: dequantized
+    ids = np.random.default_rng(1).integers(0, quantized.config.vocab_size, size=(1, 12))
+    np.testing.assert_allclose(all_logits(quantized, ids), all_logits(dequantized, ids), rtol=1e-4, atol=1e-4)
+
+
+def test_a_qwen3moe_gguf_names_its_dense_layers_by_their_missing_router(tmp_path):
+    model = refllm.load_model(convert("qwen3_moe", tmp_path / "q.gguf", "F32"))
+    assert [model.config.is_sparse(i) for i in range(3)] == [True, False, True]
+    reference = np.load(DATA / "qwen3_moe" / "reference.npz")
+    np.testing.assert_allclose(all_logits(model, reference["input_ids"]), reference["logits"], ATOL, RTOL)
+    assert greedy(model, reference["input_ids"], NEW_TOKENS) == reference["greedy"].tolist()

@@ -18,8 +18,8 @@ MAX_LINES = 400
 
 # Bottom to top. A module's layer is that of the longest prefix of its dotted name listed here.
 LAYERS = [
-    ("refllm.errors", "refllm.config", "refllm.config_checks", "refllm.rope_parameters", "refllm.architectures",
-     "refllm.progress"),
+    ("refllm.errors", "refllm.config", "refllm.config_checks", "refllm.rope_parameters", "refllm.moe_parameters",
+     "refllm.architectures", "refllm.progress"),
     ("refllm.nn",),
     ("refllm.kernels", "refllm.machine"),
     ("refllm.quant",),
@@ -30,6 +30,7 @@ LAYERS = [
     ("refllm.runtime",),
     ("refllm.testing",),
     ("refllm.server",),
+    ("refllm.cluster",),
     ("refllm.commands", "refllm.cli", "refllm.__main__", "refllm"),
 ]
 

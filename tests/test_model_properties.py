@@ -18,7 +18,10 @@ def tiny_config(model_type: str, sliding_window: int | None = None) -> ModelConf
     return ModelConfig.from_hf(tiny_config_json(model_type, sliding_window or 5))
 
 
-ARCHITECTURES = ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text", "deepseek_v3"]
+ARCHITECTURES = [
+    "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text", "gemma2", "smollm3", "olmo2",
+    "mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3",
+]  # fmt: skip
 _MODELS = {}
 
 

@@ -145,3 +145,13 @@ def test_a_float64_model_refuses_float32_weights():
     with pytest.raises(ModelDtypeError, match="float64 weights"):
         LlamaFamilyModel(config, weights, dtype="float64")
 
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_spec_and_fast_ops_agree_on_every_architecture(name):
+    """Each claimed architecture at least once (the draws above sample a few): the mixtures of experts too."""
+    tokens = [3, 17, 99, 5, 64, 2, 8, 120, 41]
+    truth = logits_over(model(name, "float64"), "contiguous", tokens, 5)
+    spec = logits_over(model(name, reference=True), "contiguous", tokens, 5)
+    fast = logits_over(model(name, reference=False), "paged", tokens, 5)
+    assert relative_error(fast, spec) <= ROUNDING_MULTIPLE * max(relative_error(spec, truth), ULP_FLOOR)

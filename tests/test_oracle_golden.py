@@ -11,7 +11,8 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
-from refllm.testing.golden import FORMAT, GoldenFormatError, GoldenModelMismatchError, add_cli, read_prompts
+from refllm.commands.golden import add_cli
+from refllm.testing.golden import FORMAT, GoldenFormatError, GoldenModelMismatchError, read_prompts
 from tests.hf_fixtures import DATA
 
 MODEL = DATA / "gemma3_text"  # sliding and global layers, q/k norm, (1 + w) norms, tied embeddings

@@ -77,7 +77,9 @@ def test_a_plain_callable_gets_the_stateless_properties():
 
 def test_a_failure_shrinks_and_names_the_first_divergent_layer_and_a_repro(capsys):
     with pytest.raises(ConformanceFailure) as failure:
-        run_properties(["logits"], mutants.rope_base_off, max_examples=50, **FAST)
+        # one architecture: the shrinker's path depends on the space it draws from, and this test is about
+        # where shrinking ends and what the report says, whatever the family
+        run_properties(["logits"], mutants.rope_base_off, max_examples=50, architectures=("llama",), **FAST)
     report = str(failure.value)
     assert "property 'logits' fails on backend 'RopeBaseOff'" in report
     drawn = json.loads(report.split("input:  ")[1].splitlines()[0])

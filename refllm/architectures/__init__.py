@@ -7,8 +7,13 @@ only the resulting flags.
 from __future__ import annotations
 
 from refllm.architectures.deepseek import read_deepseek_v3
-from refllm.architectures.gemma import read_gemma3, read_gemma3_text
+from refllm.architectures.gemma import read_gemma2, read_gemma3, read_gemma3_text
+from refllm.architectures.gpt_oss import read_gpt_oss
 from refllm.architectures.llama import read_llama, read_mistral, read_phi3, read_qwen
+from refllm.architectures.mixtral import read_mixtral
+from refllm.architectures.olmo2 import read_olmo2
+from refllm.architectures.qwen3_moe import read_qwen3_moe
+from refllm.architectures.smollm3 import read_smollm3
 
 READERS = {  # config.json's model_type -> its reader
     "llama": read_llama,
@@ -18,6 +23,12 @@ READERS = {  # config.json's model_type -> its reader
     "phi3": read_phi3,
     "gemma3_text": read_gemma3_text,
     "gemma3": read_gemma3,
+    "gemma2": read_gemma2,
+    "smollm3": read_smollm3,
+    "olmo2": read_olmo2,
+    "mixtral": read_mixtral,
+    "qwen3_moe": read_qwen3_moe,
+    "gpt_oss": read_gpt_oss,
     "deepseek_v3": read_deepseek_v3,
 }
 SUPPORTED_ARCHITECTURES = tuple(READERS)

@@ -99,15 +99,12 @@ class GroupedExperts:
         """Whether ``layer`` has experts (else a dense MLP of intermediate_size)."""
         return layer >= self.first_k_dense_replace and layer % self.moe_layer_freq == 0
 
-    def num_parameters(self, hidden_size: int) -> int:
-        """Weights of one sparse layer: the router and its bias, every routed expert, the shared experts."""
+    def mlp_parameters(self, hidden_size: int, active: bool) -> int:
+        """Weights of one sparse layer: the router and its bias, the routed experts (``active``: only the
+        experts_per_token a token runs), the shared experts every token runs."""
         D, F = hidden_size, self.expert_intermediate_size
-        return self.num_experts * (D + 1) + (self.num_experts + self.num_shared_experts) * 3 * D * F
-
-    def active_parameters(self, hidden_size: int) -> int:
-        """Weights one token reads in a sparse layer: the router, its experts_per_token experts, the shared ones."""
-        D, F = hidden_size, self.expert_intermediate_size
-        return self.num_experts * (D + 1) + (self.experts_per_token + self.num_shared_experts) * 3 * D * F
+        routed = self.experts_per_token if active else self.num_experts
+        return self.num_experts * (D + 1) + (routed + self.num_shared_experts) * 3 * D * F
 
 
 def yarn_mscale(factor: float, mscale: float) -> float:

@@ -85,3 +85,9 @@ def window_layer_types(keys: HFKeys, window: int | None, first_window_layer: int
 
 def rope_for_types(layer_types: tuple[str, ...], rope: RopeParameters) -> dict[str, RopeParameters]:
     return {layer_type: rope for layer_type in set(layer_types)}
+
+
+def expert_count(keys: HFKeys) -> int:
+    """Experts per sparse layer: ``num_local_experts`` (Mixtral, gpt-oss; transformers 5 for all) or ``num_experts``."""
+    key = "num_local_experts" if keys.get("num_local_experts") is not None else "num_experts"
+    return keys.size(key)

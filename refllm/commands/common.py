@@ -60,6 +60,29 @@ def load(
 
     ``context``: the tokens the command will hold at once (given by ``context_flag``), refused if past the model's.
     """
+    source = open_checked(
+        name, text=text, chat=chat, quantized=quantized, dtype=dtype, context=context, context_flag=context_flag
+    )
+    needed, available = weight_bytes(source, quantized, dtype), available_memory()
+    if available is not None and needed > available:
+        raise InvalidInputError(
+            f"{name} needs about {size(needed)} for its weights, more than the {size(available)} of memory available"
+        )
+    with progress.task(f"loading {name}", total=len(checkpoint_shapes(source.config)), unit="tensor") as bar:
+        return LlamaFamilyModel.load(_CountingSource(source, bar.update), dtype, reference)
+
+
+def open_checked(
+    name: str,
+    *,
+    text: bool = True,
+    chat: bool = False,
+    quantized: bool = False,
+    dtype: str = "float32",
+    context: int | None = None,
+    context_flag: str = "--context",
+) -> ModelSource:
+    """``load``'s checks, without loading the weights: the source, with its tokenizer and config."""
     source = open_model(name, quantized, chat=chat, dtype=dtype)
     if text and source.tokenizer is None:
         raise InvalidInputError(f"{name} has no tokenizer, so it cannot read or write text")
@@ -69,13 +92,7 @@ def load(
         raise InvalidInputError(
             f"{context_flag} {context} is longer than {name}'s context of {source.config.context_length} tokens"
         )
-    needed, available = weight_bytes(source, quantized, dtype), available_memory()
-    if available is not None and needed > available:
-        raise InvalidInputError(
-            f"{name} needs about {size(needed)} for its weights, more than the {size(available)} of memory available"
-        )
-    with progress.task(f"loading {name}", total=len(checkpoint_shapes(source.config)), unit="tensor") as bar:
-        return LlamaFamilyModel.load(_CountingSource(source, bar.update), dtype, reference)
+    return source
 
 
 def _no_chat_template(name: str) -> InvalidInputError:
@@ -87,9 +104,11 @@ def _no_chat_template(name: str) -> InvalidInputError:
 def warm_llm(model: LlamaFamilyModel, context: int | None = None) -> LLM:
     """An LLM over the model, its kernels compiled (with a notice) or loaded from the cache before any request.
 
-    ``context`` caps the tokens of a sequence, and sizes the KV arena for one such sequence.
+    ``context`` caps the tokens of a sequence, and sizes the KV arena for one such sequence (and one
+    block more, for the warm-up's second, short sequence).
     """
-    cache = CacheConfig() if context is None else CacheConfig(num_blocks=blocks_for(context, CacheConfig.block_size))
+    blocks = None if context is None else blocks_for(context, CacheConfig.block_size) + 1
+    cache = CacheConfig() if blocks is None else CacheConfig(num_blocks=blocks)
     llm = LLM(model, cache, context_length=context)
     with progress.compiling_kernels():
         llm.warm_up()

@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from refllm import catalog
+from refllm.cluster import LOCAL, import_ray
 from refllm.errors import InvalidInputError
 from refllm.models.llama import DTYPES
 from refllm.runtime.sampling import SamplingParams, SamplingParamsError
@@ -151,3 +152,32 @@ def read_prompt(prompt: str) -> str:
     elif not prompt:
         raise UsageError("argument PROMPT: the prompt is empty")
     return prompt
+
+
+def add_cluster_flags(parser: argparse.ArgumentParser, shards_help: str) -> None:
+    """--ray [ADDRESS], --workers, --shard-size and --shards (docs/cluster.md)."""
+    group = parser.add_argument_group("on a Ray cluster (docs/cluster.md)")
+    group.add_argument(
+        "--ray",
+        nargs="?",
+        const=LOCAL,
+        metavar="ADDRESS",
+        help="run in shards on Ray: a new cluster on this machine, or the one at ADDRESS (auto, host:port, ray://...)",
+    )
+    group.add_argument("--workers", type=positive_int, metavar="N", help="actors, of one CPU each (default: all CPUs)")
+    group.add_argument("--shard-size", type=positive_int, metavar="N", help="items per shard (default 1)")
+    group.add_argument("--shards", metavar="DIR", help=shards_help)
+
+
+def cluster_options(args: argparse.Namespace) -> dict | None:
+    """The cluster flags as the ``*_on_ray`` functions' keywords; None without --ray, where the others are refused.
+
+    With --ray, Ray must be installed: said before anything loads.
+    """
+    if args.ray is None:
+        given = [flag for flag in ("workers", "shard_size", "shards") if getattr(args, flag) is not None]
+        if given:
+            raise UsageError(f"argument --{given[0].replace('_', '-')}: only with --ray")
+        return None
+    import_ray()
+    return {"address": args.ray, "workers": args.workers, "shard_size": args.shard_size or 1, "shards": args.shards}

@@ -17,7 +17,7 @@ from refllm.errors import InvalidInputError
 from refllm.io.gguf import GGUFSource
 from refllm.kv import CacheConfig
 from refllm.kv.base import blocks_for
-from refllm.machine import cpu_name, thread_settings
+from refllm.machine import cpu_name, seconds_since_start, thread_settings, vector_extensions
 from refllm.memory import available_memory, weight_bytes
 from refllm.models.contract import ModelSource
 from refllm.models.llama import cache_shape_for
@@ -44,9 +44,10 @@ def cmd_info(args: argparse.Namespace) -> int:
         "model": args.model,
         "architecture": (
             f"{c.model_type}: {c.num_hidden_layers} layers, hidden size {c.hidden_size}, MLP {c.intermediate_size},"
-            f" {c.num_attention_heads} query / {c.num_key_value_heads} KV heads of {c.head_dim}"
+            f" {_attention(c)}"
         ),
         "parameters": f"{c.num_parameters:,} ({c.num_parameters / 1e6:.1f} M)",
+        **({} if c.experts is None else {"experts": _experts(c)}),
         "vocabulary": f"{c.vocab_size:,} tokens",
         "context": f"{c.context_length:,} tokens",
         "file": file,
@@ -66,6 +67,30 @@ def cmd_info(args: argparse.Namespace) -> int:
     for key, value in rows.items():
         print(f"{key:<{width}}  {value}")
     return 0
+
+
+def _attention(c) -> str:
+    """The attention's heads and widths: query and KV heads, or latent attention's ranks (DeepSeek-V3)."""
+    latent = c.latent_attention
+    if latent is None:
+        return f"{c.num_attention_heads} query / {c.num_key_value_heads} KV heads of {c.head_dim}"
+    query = "full-rank queries" if latent.q_lora_rank is None else f"query rank {latent.q_lora_rank}"
+    return (
+        f"latent attention: {c.num_attention_heads} heads, KV rank {latent.kv_lora_rank}, {query},"
+        f" key dims {latent.qk_nope_head_dim} + {latent.qk_rope_head_dim} RoPE, value dims {latent.v_head_dim}"
+    )
+
+
+def _experts(c) -> str:
+    """A mixture of experts' row: experts per sparse layer, experts per token, parameters one token reads."""
+    experts = c.experts
+    sparse = sum(c.is_sparse(layer) for layer in range(c.num_hidden_layers))
+    shared = 0 if c.grouped_experts is None else c.grouped_experts.num_shared_experts  # every token runs them
+    return (
+        f"{experts.num_experts} per sparse layer ({sparse} of {c.num_hidden_layers} layers), {experts.experts_per_token}"
+        f" per token{f' plus {shared} shared' if shared else ''}:"
+        f" {c.active_parameters:,} parameters active per token ({c.active_parameters / 1e6:.1f} M)"
+    )
 
 
 def _storage(source: ModelSource) -> tuple[str, str]:
@@ -99,9 +124,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     prompts = np.random.default_rng(0).integers(0, model.config.vocab_size, size=(max(batches), prompt_len))
     decode_rates = {}
     with progress.task("benchmarking", total=1 + len(batches) * new_tokens, unit="step") as bar:
-        _greedy(llm, prompts[:1], 1)  # warm-up: compiles the kernels, touches every weight
+        _greedy(llm, prompts[:1], 1)  # the first token: kernels compiled or loaded, every weight touched
+        first_token = seconds_since_start()
         start = time.perf_counter()
-        llm.prefill(0, prompts[0])
+        int(np.argmax(llm.prefill(0, prompts[0])))
         prefill_seconds = time.perf_counter() - start
         llm.reset()
         bar.update()
@@ -110,12 +136,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
             decode_rates[batch] = batch * new_tokens / seconds
     c = model.config
     print(f"machine   {cpu_name()}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}")
+    print(f"vectors   {' '.join(vector_extensions()) or 'unknown'}")
     print(f"software  Python {platform.python_version()}, NumPy {np.__version__}, Numba {numba.__version__}")
     print(f"threads   {thread_settings()}")
     quantized = any(isinstance(w, QuantizedTensor) for w in vars(model.weights.layers[0]).values())
     weights = "quantized matrices" if quantized else "float32 weights"
     print(f"model     {args.model}: {c.model_type}, {c.num_parameters:,} parameters, {weights}")
-    print(f"prefill   {prompt_len} tokens in {prefill_seconds:.2f} s: {prompt_len / prefill_seconds:.1f} tokens/s")
+    if first_token is not None:
+        print(
+            f"first     token {first_token:.1f} s after the process started (imports, loading the model,"
+            " its kernels compiled or loaded from Numba's cache, the prompt)"
+        )
+    print(
+        f"prefill   {prompt_len} tokens in {prefill_seconds:.2f} s: {prompt_len / prefill_seconds:.1f} tokens/s"
+        f" (time to first token {prefill_seconds:.2f} s)"
+    )
     print(f"decode    {new_tokens} tokens per sequence after a {prompt_len}-token prompt")
     print(f"{'batch':>10}  {'tokens/s':>9}  {'per sequence':>12}  {f'vs batch {batches[0]}':>10}")
     for batch, rate in decode_rates.items():

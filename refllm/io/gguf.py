@@ -11,8 +11,12 @@ it finds onto what ``refllm/models`` expects from any checkpoint:
   truth: the blocks' arithmetic redone in float64) (``refllm/quant``);
 - and back through the layout changes llama.cpp's converter
   (``convert_hf_to_gguf.py``) made on the way in, in ``GGUFSource.tensor``:
-  the q/k row permutation of ``llama`` files and Gemma's norm weights stored
-  with 1 added. The other architectures here are stored as Hugging Face has them.
+  the q/k row permutation of ``llama`` and ``smollm3`` files and Gemma's norm
+  weights stored with 1 added. The other architectures here are stored as
+  Hugging Face has them.
+
+Hyper-parameters an architecture's files leave out are filled in by
+``refllm/io/gguf_families.py``, as llama.cpp fills them in.
 
 Tensors are dequantized when ``tensor(name)`` asks for them, one at a time;
 with ``quantized=True`` a matrix in a format the quantized kernels read is
@@ -36,20 +40,20 @@ import numpy as np
 from refllm.config import ConfigError, ModelConfig
 from refllm.config_checks import check_layer_count, check_number, check_size, check_token_id
 from refllm.errors import WeightError
+from refllm.io.gguf_families import FAMILY_CONFIGS, FamilyFacts
+from refllm.io.gguf_experts import EXPERT_LAYER_NAMES, moe_config
 from refllm.io.gguf_header import GGUFHeader, TensorInfo, map_file
 from refllm.io.gguf_tokenizer import tokenizer_from_gguf, tokenizer_metadata
 from refllm.quant.formats import FORMATS, dequantize
 from refllm.quant.linear import QuantizedTensor, kernel_reads
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", "gemma3")
-_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma3": "gemma3_text"}
-
-# Gemma 3 hyper-parameters its GGUF files do not carry. llama.cpp fixes the same values
-# when it loads a gemma3 file (src/llama-model.cpp, LLM_ARCH_GEMMA3), from the published
-# architecture (google/gemma_pytorch, gemma/config.py):
-GEMMA3_SLIDING_WINDOW_PATTERN = 6  # five sliding-window layers, then one global layer
-GEMMA3_LOCAL_ROPE_THETA = 10_000.0  # RoPE base of the sliding-window layers
-GEMMA3_27B_LAYERS = 62  # the 27B scales queries by (D / H)^-0.5; the others by E^-0.5
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", "gemma3", "gemma2", "smollm3", "olmo2", "qwen3moe")
+_MODEL_TYPES = {
+    "llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma3": "gemma3_text",
+    "gemma2": "gemma2", "smollm3": "smollm3", "olmo2": "olmo2",
+}  # a llama file with experts is Mixtral, and qwen3moe is Qwen3-MoE: ``gguf_experts.py``
+_PERMUTED = ("llama", "smollm3")  # converted by LlamaModel.modify_tensors, which permutes q/k rows
+_NORMS_PLUS_ONE = ("gemma3", "gemma2")  # converted by Gemma{2,3}Model.modify_tensors: norm weights + 1
 
 _BAND_BYTES = 8 << 20  # stored bytes dequantized at a time: bounds the file pages resident during a load
 
@@ -104,15 +108,14 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
-}
+} | EXPERT_LAYER_NAMES
+_POST_NORMS = {"post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
 _ARCHITECTURE_LAYER_NAMES = {
     # Gemma's sandwich norms: its post_attention_layernorm follows attention, and the
     # pre-MLP norm (GGUF's ffn_norm) is pre_feedforward_layernorm.
-    "gemma3": {
-        "ffn_norm": "pre_feedforward_layernorm",
-        "post_attention_norm": "post_attention_layernorm",
-        "post_ffw_norm": "post_feedforward_layernorm",
-    },
+    "gemma3": {"ffn_norm": "pre_feedforward_layernorm"} | _POST_NORMS,
+    "gemma2": {"ffn_norm": "pre_feedforward_layernorm"} | _POST_NORMS,
+    "olmo2": _POST_NORMS,  # after attention and after the MLP, nothing before
     # Phi-3's fused [gate | up] projection is stored whole as ffn_up.
     "phi3": {"ffn_up": "mlp.gate_up_proj"},
 }
@@ -207,14 +210,14 @@ class GGUFSource:
 
     def _undo_conversion(self, name: str, weights: np.ndarray) -> np.ndarray:
         c = self.config
-        if self.architecture == "llama":
+        if self.architecture in _PERMUTED:
             # LlamaModel.modify_tensors permutes q_proj (weight and bias) with H heads and k_proj with K.
             if ".self_attn.q_proj." in name:
                 return self._unpermuted(name, weights, c.num_attention_heads)
             if ".self_attn.k_proj." in name:
                 return self._unpermuted(name, weights, c.num_key_value_heads)
-        if self.architecture == "gemma3" and name.endswith("norm.weight"):
-            # Gemma3Model.modify_tensors adds 1 to every tensor named *norm.weight (the layer norms,
+        if self.architecture in _NORMS_PLUS_ONE and name.endswith("norm.weight"):
+            # Gemma3Model.modify_tensors (and Gemma2Model's) adds 1 to every tensor named *norm.weight (the layer norms,
             # q_norm, k_norm and the final norm) so llama.cpp can multiply by w; refllm applies (1 + w).
             return weights - 1.0
         return weights
@@ -325,7 +328,7 @@ class GGUFSource:
         if value_dim != head_dim:
             raise GGUFFileError(f"{self.path}: key length {head_dim} and value length {value_dim} differ")
         config: dict[str, Any] = dict(
-            model_type=_MODEL_TYPES[arch],
+            model_type=_MODEL_TYPES.get(arch),
             vocab_size=int(self._tensors["model.embed_tokens.weight"].shape[0]),  # [V, D]
             hidden_size=hidden_size,
             intermediate_size=self._size(key("feed_forward_length")),
@@ -352,9 +355,11 @@ class GGUFSource:
             window = self._size(key("attention.sliding_window"))
         if arch == "phi3":
             config["sliding_window"] = window
-        if arch == "gemma3":
-            config |= self._gemma3(window, hidden_size, num_heads, head_dim)
-        return config
+        if arch in FAMILY_CONFIGS:
+            layers = config["num_hidden_layers"]
+            facts = FamilyFacts(arch, layers, window, hidden_size, num_heads, head_dim, self._value, self._number)
+            config |= FAMILY_CONFIGS[arch](facts)
+        return config | moe_config(arch, self._value, self._size, self._tensors)
 
     def _rope_scaling(self, key) -> dict[str, Any] | None:
         kind = self._value(key("rope.scaling.type"), "none")
@@ -369,22 +374,3 @@ class GGUFSource:
         keys = [f"tokenizer.ggml.{kind}_token_id" for kind in ("eos", "eot", "eom")]
         ids = [check_token_id(self._value(key), key) for key in keys]
         return list(dict.fromkeys(i for i in ids if i is not None))
-
-    def _gemma3(self, window: int | None, hidden_size: int, num_heads: int, head_dim: int) -> dict[str, Any]:
-        layers = self._layer_count("gemma3.block_count")
-        if window is None:  # newer converters omit the window of a model without one
-            layer_types = ["full_attention"] * layers
-        else:
-            pattern = GEMMA3_SLIDING_WINDOW_PATTERN
-            layer_types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
-        config: dict[str, Any] = dict(
-            layer_types=layer_types,
-            rope_local_base_freq=GEMMA3_LOCAL_ROPE_THETA,
-            query_pre_attn_scalar=hidden_size // num_heads if layers == GEMMA3_27B_LAYERS else head_dim,
-            hidden_activation="gelu_pytorch_tanh",
-        )
-        if window is not None:
-            config["sliding_window"] = window
-        if self._value("gemma3.final_logit_softcapping"):
-            config["final_logit_softcapping"] = self._number("gemma3.final_logit_softcapping")
-        return config

@@ -3,9 +3,10 @@
 ``LlamaFamilyModel`` calls these in place of its q/k/v attention and its MLP when
 the config has ``latent_attention`` / a layer has experts. Each step goes through
 the model's op set; attention over the cached latents is the op set's
-(``latent_attention``, or the fast set's absorbed twin), and the parts with no
-kernel twin (the router, the expert loop) are the ``refllm/nn`` functions in
-both op sets.
+(``latent_attention``, or the fast set's absorbed twin). The experts run as every
+mixture's do (``refllm/models/moe_layer.py``: the loop of ``refllm/nn/moe.py``,
+each expert's projections through the op set), with DeepSeek's router
+(``refllm/nn/moe_grouped.py``) in place of the softmax routings.
 
     latent attention:  x -> q (low-rank or plain) -> RoPE on q's last P dims
                        x -> [c | k_rope] -> norm c, RoPE k_rope -> cache [c | k_rope]
@@ -20,8 +21,9 @@ import functools
 import numpy as np
 
 from refllm.kv import KVCache
-from refllm.models.deepseek_weights import GroupedExpertsWeights, LatentAttentionWeights
-from refllm.nn.experts import experts_forward
+from refllm.models.deepseek_weights import LatentAttentionWeights
+from refllm.models.moe_layer import expert_mlp_through, mixture_of_experts
+from refllm.models.weights import LayerWeights
 from refllm.nn.latent_attention import LATENT_NORM_EPS
 
 
@@ -52,22 +54,24 @@ def latent_self_attention(
     return ops.linear(out.reshape(B, T, -1), w.o_proj, w.o_proj_bias)  # out: [B, T, H, U]
 
 
-def grouped_experts_mlp(model, w: GroupedExpertsWeights, x: np.ndarray) -> np.ndarray:
-    """x: [B, T, D] (normed) -> routed experts' weighted sum plus the shared experts, [B, T, D]."""
+def grouped_experts_mlp(model, w: LayerWeights, x: np.ndarray) -> np.ndarray:
+    """x: [B, T, D] (normed), w: a sparse layer's weights -> routed experts' weighted sum plus the
+    shared experts, [B, T, D]."""
     c, ops = model.config, model.ops
     experts = c.grouped_experts
-    tokens = x.reshape(-1, x.shape[-1])  # [B T, D]: routing is per token
-    expert_ids, expert_weights = model.route_experts(
-        ops.linear(tokens, w.gate),
-        w.e_score_correction_bias,
-        experts.experts_per_token,
-        experts.num_groups,
-        experts.groups_per_token,
-        experts.norm_topk_prob,
-        experts.routed_scaling_factor,
-    )
-    out = experts_forward(tokens, expert_ids, expert_weights, w.experts, c.hidden_act).reshape(x.shape)
-    if w.shared_gate_proj is not None:
-        gate, up = ops.linear(x, w.shared_gate_proj), ops.linear(x, w.shared_up_proj)
-        out = out + ops.linear(ops.gated(gate, up, c.hidden_act), w.shared_down_proj)
+
+    def route(router_logits: np.ndarray, _moe) -> tuple[np.ndarray, np.ndarray]:
+        return model.route_experts(
+            router_logits,
+            w.router_correction_bias,
+            experts.experts_per_token,
+            experts.num_groups,
+            experts.groups_per_token,
+            experts.norm_topk_prob,
+            experts.routed_scaling_factor,
+        )
+
+    out = mixture_of_experts(x, w, c, ops, route)
+    if w.shared_experts is not None:
+        out = out + expert_mlp_through(ops, c)(x, w.shared_experts)
     return out

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from refllm.config import ModelConfig
+from refllm.nn.moe import Expert
 
 
 @dataclass
@@ -40,18 +41,6 @@ class LatentAttentionWeights:
     q_a_proj_bias: np.ndarray | None = None  # attention_bias
     kv_a_proj_with_mqa_bias: np.ndarray | None = None
     o_proj_bias: np.ndarray | None = None
-
-
-@dataclass
-class GroupedExpertsWeights:
-    """One sparse layer: the router, the routed experts, the shared experts."""
-
-    gate: np.ndarray  # [X, D] router
-    e_score_correction_bias: np.ndarray  # [X]
-    experts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]  # per expert (gate_proj [F, D], up_proj, down_proj [D, F])
-    shared_gate_proj: np.ndarray | None = None  # [S F, D], S shared experts as one MLP
-    shared_up_proj: np.ndarray | None = None
-    shared_down_proj: np.ndarray | None = None
 
 
 def latent_attention_shapes(config: ModelConfig, layer: int) -> dict[str, tuple[int, ...]]:
@@ -124,18 +113,18 @@ def _rope_rows(width: int, rope_dim: int, heads: int, interleaved: bool) -> np.n
     return (np.arange(heads)[:, None] * width + within).ravel()
 
 
-def grouped_experts_weights(config: ModelConfig, get: Callable[[str], np.ndarray | None]) -> GroupedExpertsWeights:
-    X = config.grouped_experts.num_experts
-    return GroupedExpertsWeights(
-        gate=get("mlp.gate.weight"),
-        e_score_correction_bias=get("mlp.gate.e_score_correction_bias"),
-        experts=[
-            tuple(get(f"mlp.experts.{e}.{name}_proj.weight") for name in ("gate", "up", "down")) for e in range(X)
-        ],
-        shared_gate_proj=get("mlp.shared_experts.gate_proj.weight"),
-        shared_up_proj=get("mlp.shared_experts.up_proj.weight"),
-        shared_down_proj=get("mlp.shared_experts.down_proj.weight"),
-    )
+def grouped_experts_weights(
+    config: ModelConfig, get: Callable[[str], np.ndarray | None]
+) -> tuple[np.ndarray, np.ndarray, list[Expert], Expert | None]:
+    """-> (router [X, D], its correction bias [X], the routed experts, the shared experts as one MLP
+    of S x moe_intermediate_size, or None) of a sparse layer; ``get`` as for ``latent_attention_weights``."""
+
+    def expert(prefix: str) -> Expert:
+        return Expert(*(get(f"{prefix}{name}_proj.weight") for name in ("gate", "up", "down")))
+
+    experts = [expert(f"mlp.experts.{e}.") for e in range(config.grouped_experts.num_experts)]
+    shared = expert("mlp.shared_experts.") if config.grouped_experts.num_shared_experts else None
+    return get("mlp.gate.weight"), get("mlp.gate.e_score_correction_bias"), experts, shared
 
 
 _FUSED = re.compile(r"(model\.layers\.\d+\.mlp\.experts\.)(gate_up_proj|down_proj)$")

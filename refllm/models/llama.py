@@ -1,4 +1,5 @@
-"""LlamaFamilyModel: one forward pass for Llama, Mistral, Qwen2/3, Phi-3, Gemma 3 and DeepSeek-V3.
+"""LlamaFamilyModel: one forward pass for Llama, Mistral, Qwen2/3, Phi-3, Gemma 2/3, SmolLM3, OLMo 2,
+the mixtures of experts (Mixtral, Qwen3-MoE, gpt-oss) and DeepSeek-V3.
 
 The architectures differ only by flags in ``ModelConfig``; ``_forward`` follows
 one token's path and each step is a call into the model's op set
@@ -7,10 +8,10 @@ or their Numba twins (``fast``). Attention runs behind the cache, with the op
 set's attention or, for ``fast``, the cache's own kernels.
 
     ids -> embed -> for each layer:
-                        norm -> q, k, v projections -> (q/k norm) -> RoPE
-                        -> write K/V into the cache -> attention over the cache
+                        (norm) -> q, k, v projections -> (q/k norm) -> (RoPE)
+                        -> write K/V into the cache -> attention over the cache (soft-capped scores)
                         -> output projection -> (post-attention norm) -> residual
-                        -> norm -> MLP -> (post-MLP norm) -> residual
+                        -> norm -> MLP (or mixture of experts) -> (post-MLP norm) -> residual
         -> final norm -> LM head -> (soft-cap) -> logits
 
 DeepSeek-V3 swaps two blocks (``refllm/models/deepseek.py``): latent attention for
@@ -19,6 +20,7 @@ the q/k/v attention, and in its sparse layers routed experts for the MLP.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,10 +31,14 @@ from refllm.errors import ContextLengthError, InvalidInputError, PositionError, 
 from refllm.kv import CacheConfig, CacheShape, KVCache, create_cache
 from refllm.models.contract import ModelMetadata, ModelSource
 from refllm.models.deepseek import grouped_experts_mlp, latent_self_attention
+from refllm.models.moe_layer import mixture_of_experts
 from refllm.models.ops import SPEC_OPS, OpSet, fast_ops
 from refllm.models.weights import LayerWeights, ModelWeights, assemble, weight_leaves
+from refllm.nn.attention import attention as spec_attention
 from refllm.nn.moe_grouped import grouped_topk_routing
+from refllm.nn.residual import residual_block
 from refllm.nn.rope import RopeTable
+from refllm.nn.softcap import soft_cap
 
 DTYPES = ("float32", "float64")
 
@@ -180,43 +186,63 @@ class LlamaFamilyModel:
     def decoder_layer(
         self, layer_index: int, w: LayerWeights, x: np.ndarray, positions: np.ndarray, cache: KVCache, seq_ids: list
     ) -> np.ndarray:
-        """x: [B, T, D] -> [B, T, D]."""
-        ops = self.ops
-        sandwich = self.config.sandwich_norms
-        h = self.self_attention(layer_index, w, self._norm(x, w.input_layernorm), positions, cache, seq_ids)
-        if sandwich:  # Gemma normalises the attention output before the residual add
-            h = self._norm(h, w.post_attention_layernorm)
-        x = x + h
-        # Llama's post_attention_layernorm is the pre-MLP norm; Gemma names it pre_feedforward_layernorm.
-        h = self._norm(x, w.pre_feedforward_layernorm if sandwich else w.post_attention_layernorm)
+        """x: [B, T, D] -> [B, T, D]: attention, then the MLP, each a residual block whose norms sit
+        before (Llama), around (Gemma's sandwich) or after (OLMo 2) it (``refllm/nn/residual.py``)."""
+        c = self.config
+
+        def norm(weight: np.ndarray | None):
+            return None if weight is None else (lambda h: self._norm(h, weight))
+
+        def attend(h: np.ndarray) -> np.ndarray:
+            return self.self_attention(layer_index, w, h, positions, cache, seq_ids)
+
+        # Llama's post_attention_layernorm is its pre-MLP norm; Gemma and OLMo 2 apply it to attention's output.
+        norm_after_attention = w.post_attention_layernorm if c.sandwich_norms or c.post_norms else None
+        x = residual_block(x, attend, norm(w.input_layernorm), norm(norm_after_attention))
+        if c.post_norms:
+            norm_before_mlp = None
+        else:  # Gemma names its pre-MLP norm pre_feedforward_layernorm
+            norm_before_mlp = w.pre_feedforward_layernorm if c.sandwich_norms else w.post_attention_layernorm
+        return residual_block(x, lambda h: self.mlp(w, h), norm(norm_before_mlp), norm(w.post_feedforward_layernorm))
+
+    def mlp(self, w: LayerWeights, h: np.ndarray) -> np.ndarray:
+        """h: [B, T, D] (normed) -> [B, T, D]: the gated MLP, or a sparse layer's mixture of experts."""
+        if w.experts is not None and self.config.grouped_experts is not None:
+            return grouped_experts_mlp(self, w, h)  # DeepSeek-V3: its own router, plus shared experts
         if w.experts is not None:
-            h = grouped_experts_mlp(self, w.experts, h)
-        else:  # refllm.nn.mlp.gated_mlp, one op at a time: down(act(gate(h)) * up(h))
-            gate, up = ops.linear(h, w.gate_proj, w.gate_proj_bias), ops.linear(h, w.up_proj, w.up_proj_bias)
-            h = ops.linear(ops.gated(gate, up, self.config.hidden_act), w.down_proj, w.down_proj_bias)
-        if sandwich:
-            h = self._norm(h, w.post_feedforward_layernorm)
-        return x + h
+            return mixture_of_experts(h, w, self.config, self.ops)
+        # refllm.nn.mlp.gated_mlp, one op at a time: down(act(gate(h)) * up(h))
+        ops = self.ops
+        gate, up = ops.linear(h, w.gate_proj, w.gate_proj_bias), ops.linear(h, w.up_proj, w.up_proj_bias)
+        return ops.linear(ops.gated(gate, up, self.config.hidden_act), w.down_proj, w.down_proj_bias)
 
     def self_attention(
         self, layer_index: int, w: LayerWeights, x: np.ndarray, positions: np.ndarray, cache: KVCache, seq_ids: list
     ) -> np.ndarray:
-        """x: [B, T, D] (normed) -> attention output projected back to [B, T, D]."""
+        """x: [B, T, D] (normed, unless post-norms) -> attention output projected back to [B, T, D]."""
         c, ops = self.config, self.ops
         if w.latent is not None:
             return latent_self_attention(self, layer_index, w.latent, x, positions, cache, seq_ids)
         B, T, _ = x.shape
-        q = ops.linear(x, w.q_proj, w.q_proj_bias).reshape(B, T, c.num_attention_heads, c.head_dim)
-        k = ops.linear(x, w.k_proj, w.k_proj_bias).reshape(B, T, c.num_key_value_heads, c.head_dim)
-        v = ops.linear(x, w.v_proj, w.v_proj_bias).reshape(B, T, c.num_key_value_heads, c.head_dim)
-        if c.qk_norm:
+        q = ops.linear(x, w.q_proj, w.q_proj_bias)  # [B, T, H*E]
+        k = ops.linear(x, w.k_proj, w.k_proj_bias)  # [B, T, K*E]
+        if c.qk_norm_whole:  # OLMo 2: one norm over every head's dims at once
             q, k = self._norm(q, w.q_norm), self._norm(k, w.k_norm)
-        cos, sin = self.rope_tables[c.layer_types[layer_index]].lookup(positions)
-        q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
+        q = q.reshape(B, T, c.num_attention_heads, c.head_dim)
+        k = k.reshape(B, T, c.num_key_value_heads, c.head_dim)
+        v = ops.linear(x, w.v_proj, w.v_proj_bias).reshape(B, T, c.num_key_value_heads, c.head_dim)
+        if c.qk_norm and not c.qk_norm_whole:  # Qwen3, Gemma 3: each head on its own
+            q, k = self._norm(q, w.q_norm), self._norm(k, w.k_norm)
+        if c.uses_rope(layer_index):  # a NoPE layer (SmolLM3) leaves positions to the causal mask
+            cos, sin = self.rope_tables[c.layer_types[layer_index]].lookup(positions)
+            q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
         cache.write(layer_index, seq_ids, k, v)
         window = c.window_for_layer(layer_index)
+        attend = ops.attention
+        if w.sinks is not None:  # the caches' own kernels have no sinks: the spec attention over the gathered keys
+            attend = functools.partial(attend or spec_attention, sinks=w.sinks)
         out = cache.attention(
-            layer_index, seq_ids, q, c.attention_scale, window, c.attn_logit_softcapping, ops.attention
+            layer_index, seq_ids, q, c.attention_scale, window, c.attn_logit_softcapping, attend
         )  # [B, T, H, E]
         return ops.linear(out.reshape(B, T, -1), w.o_proj, w.o_proj_bias)
 
@@ -225,9 +251,7 @@ class LlamaFamilyModel:
         with self.ops.running():
             logits = self.ops.linear(hidden, self.weights.lm_head)
         cap = self.config.final_logit_softcapping
-        if cap is not None:
-            logits = cap * np.tanh(logits / cap)
-        return logits
+        return logits if cap is None else soft_cap(logits, cap)
 
     def _norm(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
         return self.ops.rms_norm(x, weight, self.config.rms_norm_eps, self.config.norm_weight_offset)

@@ -10,7 +10,8 @@
           its spec function: float32 (and quantized) projections in the dense
           and quantized matmul kernels, RMSNorm, RoPE and the MLP activation in
           one pass each, attention in the cache's own kernels (the paged
-          arena's), NumPy's BLAS held to the calling thread while they run.
+          arena's), on as many threads as the cores other programs leave free
+          (refllm/kernels/cores.py), NumPy's BLAS held to the calling thread.
 
 Contiguous cache + spec ops is the reference; paged arena + fast ops is the
 laptop path; every combination runs. Nothing here imports Numba until the fast
@@ -70,7 +71,7 @@ def fast_ops() -> OpSet:
     from refllm.kernels.dense_matmul import linear as linear_kernel
     from refllm.kernels.norm import rms_norm as rms_norm_kernel
     from refllm.kernels.rope import apply_rope as apply_rope_kernel
-    from refllm.kernels.threads import blas_on_calling_thread
+    from refllm.kernels.threads import computing
 
     return OpSet(
         name="fast",
@@ -80,6 +81,6 @@ def fast_ops() -> OpSet:
         linear=linear_kernel,
         gated=gated_kernel,
         attention=None,
-        running=blas_on_calling_thread,
+        running=computing,
         latent_attention=absorbed_latent_attention,  # kv_b_proj folded into query and output
     )

@@ -3,8 +3,8 @@
 ``checkpoint_shapes(config)`` is the weight-name map: every tensor a checkpoint
 of this architecture holds, with its shape. ``assemble`` reads them through a
 ``ModelSource``, refuses a checkpoint that disagrees, puts every float tensor in
-the model's dtype, and splits Phi-3's fused projections so the forward pass sees
-one layout for every architecture.
+the model's dtype, and splits Phi-3's fused projections (and fused experts,
+``expert_weights.py``) so the forward pass sees one layout for every architecture.
 """
 
 from __future__ import annotations
@@ -17,33 +17,38 @@ import numpy as np
 from refllm.config import ModelConfig
 from refllm.errors import MissingTensorError, WeightError
 from refllm.models.deepseek_weights import (
-    GroupedExpertsWeights,
     LatentAttentionWeights,
+    deepseek_view,
     grouped_experts_shapes,
     grouped_experts_weights,
     latent_attention_shapes,
     latent_attention_weights,
-    deepseek_view,
 )
+from refllm.models.expert_weights import (
+    expert_layout,
+    sparse_layer_shapes,
+    sparse_layer_weights,
+)
+from refllm.nn.moe import Expert
 
 
 @dataclass
 class LayerWeights:
     """One decoder layer. Projections are [out, in], as checkpoints store them.
 
-    DeepSeek-V3's layers hold ``latent`` instead of q/k/v/o, and its sparse layers ``experts``
-    instead of gate/up/down (those fields are then None).
+    A sparse (mixture-of-experts) layer has ``router`` and ``experts`` instead of gate/up/down_proj.
+    DeepSeek-V3's layers hold ``latent`` instead of q/k/v/o_proj (those fields are then None).
     """
 
-    input_layernorm: np.ndarray  # [D]
-    post_attention_layernorm: np.ndarray  # [D]
+    input_layernorm: np.ndarray | None  # [D]; None under post-norms (OLMo 2)
+    post_attention_layernorm: np.ndarray  # [D]: Llama's pre-MLP norm; Gemma's and OLMo 2's after attention
     q_proj: np.ndarray  # [H*E, D]
     k_proj: np.ndarray  # [K*E, D]
     v_proj: np.ndarray  # [K*E, D]
     o_proj: np.ndarray  # [D, H*E]
-    gate_proj: np.ndarray  # [F, D]
-    up_proj: np.ndarray  # [F, D]
-    down_proj: np.ndarray  # [D, F]
+    gate_proj: np.ndarray | None  # [F, D]
+    up_proj: np.ndarray | None  # [F, D]
+    down_proj: np.ndarray | None  # [D, F]
     q_proj_bias: np.ndarray | None = None
     k_proj_bias: np.ndarray | None = None
     v_proj_bias: np.ndarray | None = None
@@ -51,12 +56,17 @@ class LayerWeights:
     gate_proj_bias: np.ndarray | None = None
     up_proj_bias: np.ndarray | None = None
     down_proj_bias: np.ndarray | None = None
-    q_norm: np.ndarray | None = None  # [E]
-    k_norm: np.ndarray | None = None  # [E]
+    q_norm: np.ndarray | None = None  # [E], or [H*E] over the whole projection (OLMo 2)
+    k_norm: np.ndarray | None = None  # [E], or [K*E]
     pre_feedforward_layernorm: np.ndarray | None = None  # [D], Gemma's sandwich norms
-    post_feedforward_layernorm: np.ndarray | None = None
-    latent: LatentAttentionWeights | None = None
-    experts: GroupedExpertsWeights | None = None
+    post_feedforward_layernorm: np.ndarray | None = None  # [D], Gemma's and OLMo 2's
+    sinks: np.ndarray | None = None  # [H], gpt-oss's attention sinks
+    router: np.ndarray | None = None  # [X, D]
+    router_bias: np.ndarray | None = None  # [X]
+    experts: list[Expert] | None = None
+    latent: LatentAttentionWeights | None = None  # DeepSeek-V3's attention, in place of q/k/v/o_proj
+    router_correction_bias: np.ndarray | None = None  # [X], DeepSeek-V3's e_score_correction_bias
+    shared_experts: Expert | None = None  # DeepSeek-V3's shared experts, one MLP every token runs
 
 
 @dataclass
@@ -71,9 +81,13 @@ class ModelWeights:
         return sum(weight_bytes_by_format(self).values())
 
 
-def checkpoint_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor name (Hugging Face spelling) of a checkpoint for ``config``, with its shape."""
+def checkpoint_shapes(config: ModelConfig, layout: str | None = None) -> dict[str, tuple[int, ...]]:
+    """Every tensor name (Hugging Face spelling) of a checkpoint for ``config``, with its shape.
+
+    layout: how a sparse layer's experts are stored (``expert_weights.py``); by default as the
+    architecture's files on the Hub hold them."""
     D, F, V, E = config.hidden_size, config.intermediate_size, config.vocab_size, config.head_dim
+    H, K = config.num_attention_heads, config.num_key_value_heads
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (V, D), "model.norm.weight": (D,)}
     if not config.tie_word_embeddings:
         shapes["lm_head.weight"] = (V, D)
@@ -84,18 +98,27 @@ def checkpoint_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         else:
             shapes |= _attention_shapes(config, attn)
         if config.qk_norm:
-            shapes |= {attn + "q_norm.weight": (E,), attn + "k_norm.weight": (E,)}
-        if config.grouped_experts is not None and config.grouped_experts.is_sparse(i):
+            q_norm, k_norm = ((H * E,), (K * E,)) if config.qk_norm_whole else ((E,), (E,))
+            shapes |= {attn + "q_norm.weight": q_norm, attn + "k_norm.weight": k_norm}
+        if config.attention_sinks:
+            shapes[attn + "sinks"] = (H,)
+        if config.grouped_experts is not None and config.is_sparse(i):
             shapes |= grouped_experts_shapes(config, i)
+        elif config.is_sparse(i):
+            shapes |= sparse_layer_shapes(config, i, layout or expert_layout(config, ()))
         elif config.fused_gate_up:
-            shapes |= {mlp + "gate_up_proj.weight": (2 * F, D), mlp + "down_proj.weight": (D, F)}
+            shapes[mlp + "gate_up_proj.weight"] = (2 * F, D)
         else:
-            shapes |= {mlp + "gate_proj.weight": (F, D), mlp + "up_proj.weight": (F, D), mlp + "down_proj.weight": (D, F)}
+            shapes |= {mlp + "gate_proj.weight": (F, D), mlp + "up_proj.weight": (F, D)}
+        if not config.is_sparse(i):
+            shapes[mlp + "down_proj.weight"] = (D, F)
         if config.mlp_bias:
             shapes |= {mlp + "gate_proj.bias": (F,), mlp + "up_proj.bias": (F,), mlp + "down_proj.bias": (D,)}
         norms = ["input_layernorm", "post_attention_layernorm"]
         if config.sandwich_norms:
             norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+        if config.post_norms:
+            norms = ["post_attention_layernorm", "post_feedforward_layernorm"]
         for norm in norms:
             shapes[f"model.layers.{i}.{norm}.weight"] = (D,)
     return shapes
@@ -137,13 +160,14 @@ def assemble(config: ModelConfig, source, dtype=np.float32) -> ModelWeights:
 
     Float tensors come out in ``dtype``; a quantized matrix (a ``QuantizedTensor``) stays in its blocks.
     """
-    expected = checkpoint_shapes(config)
     source = deepseek_view(config, source)
     available = {}
     for stored in source.tensor_names():
         name = canonical_name(stored)
         if name is not None:
             available[name] = stored
+    layout = expert_layout(config, available) if config.moe is not None else None
+    expected = checkpoint_shapes(config, layout)
     optional = {"lm_head.weight"} if config.tie_word_embeddings else set()
     unexpected = sorted(set(available) - set(expected) - optional)
     if unexpected:
@@ -162,10 +186,10 @@ def assemble(config: ModelConfig, source, dtype=np.float32) -> ModelWeights:
                 f" config.json implies {shape}"
             )
         tensors[name] = np.asarray(array, dtype) if isinstance(array, np.ndarray) else array
-    return _from_tensors(config, tensors)
+    return _from_tensors(config, tensors, layout)
 
 
-def _from_tensors(config: ModelConfig, tensors: dict[str, np.ndarray]) -> ModelWeights:
+def _from_tensors(config: ModelConfig, tensors: dict[str, np.ndarray], layout: str | None) -> ModelWeights:
     H, K, E, F = config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.intermediate_size
     layers = []
     for i in range(config.num_hidden_layers):
@@ -187,6 +211,11 @@ def _from_tensors(config: ModelConfig, tensors: dict[str, np.ndarray]) -> ModelW
             gate, up = gate_up[:F], gate_up[F:]
         else:
             gate, up = get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")
+        router = router_bias = experts = correction_bias = shared_experts = None
+        if config.grouped_experts is not None and config.is_sparse(i):
+            router, correction_bias, experts, shared_experts = grouped_experts_weights(config, get)
+        elif config.is_sparse(i):
+            router, router_bias, experts = sparse_layer_weights(config, i, layout, tensors.get)
         layers.append(
             LayerWeights(
                 input_layernorm=get("input_layernorm.weight"),
@@ -209,8 +238,13 @@ def _from_tensors(config: ModelConfig, tensors: dict[str, np.ndarray]) -> ModelW
                 k_norm=get("self_attn.k_norm.weight"),
                 pre_feedforward_layernorm=get("pre_feedforward_layernorm.weight"),
                 post_feedforward_layernorm=get("post_feedforward_layernorm.weight"),
+                sinks=get("self_attn.sinks"),
+                router=router,
+                router_bias=router_bias,
+                experts=experts,
                 latent=latent_attention_weights(config, get) if config.latent_attention else None,
-                experts=grouped_experts_weights(config, get) if get("mlp.gate.weight") is not None else None,
+                router_correction_bias=correction_bias,
+                shared_experts=shared_experts,
             )
         )
     embed = tensors["model.embed_tokens.weight"]

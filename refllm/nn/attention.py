@@ -3,17 +3,26 @@
 For a query at position p and the keys at positions j = 0 .. S-1:
 
     score[h, j] = scale * q[h] . k[g(h), j]                 g(h) = h // (H / K)
-    score[h, j] = cap * tanh(score[h, j] / cap)             (optional soft-capping)
+    score[h, j] = cap * tanh(score[h, j] / cap)             (optional soft-capping, before the mask)
     score[h, j] = -inf   unless  j <= p  and  p - j < W     (causal, sliding window W)
     out[h]      = sum_j softmax(score[h])[j] * v[g(h), j]
 
 Grouped-query attention is the integer divide in g(h): H query heads share K
 key/value heads, H / K queries per group (multi-head attention is K = H).
+
+Attention sinks (gpt-oss) add one learned logit s[h] per head to the softmax's
+denominator, a key that every query sees and that carries no value:
+
+    out[h]      = sum_j exp(score[h, j]) / (exp(s[h]) + sum_j' exp(score[h, j'])) * v[g(h), j]
+
+so a head can put weight "nowhere" instead of being forced onto some key.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from refllm.nn.softcap import soft_cap
 
 
 def attention_mask(query_positions: np.ndarray, num_keys: int, window: int | None = None) -> np.ndarray:
@@ -33,6 +42,16 @@ def softmax(scores: np.ndarray, axis: int = -1) -> np.ndarray:
     return weights / np.sum(weights, axis=axis, keepdims=True)
 
 
+def softmax_with_sink(scores: np.ndarray, sinks: np.ndarray) -> np.ndarray:
+    """scores: [H, T, S], sinks: [H] -> weights [H, T, S] that sum to 1 - (the sink's share) per query.
+
+    The softmax over [scores, sink] with the sink's column dropped; the max is
+    taken over both, so neither side overflows.
+    """
+    sink_column = np.broadcast_to(sinks[:, None, None], (*scores.shape[:2], 1)).astype(scores.dtype)
+    return softmax(np.concatenate([scores, sink_column], axis=-1))[..., :-1]
+
+
 def attention(
     q: np.ndarray,
     k: np.ndarray,
@@ -41,8 +60,11 @@ def attention(
     scale: float,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: np.ndarray | None = None,
 ) -> np.ndarray:
-    """q: [T, H, E], k/v: [S, K, E] (keys at positions 0..S-1), query_positions: [T] -> [T, H, E]."""
+    """q: [T, H, E], k/v: [S, K, E] (keys at positions 0..S-1), query_positions: [T] -> [T, H, E].
+
+    sinks: [H] learned sink logits (``softmax_with_sink``), or None."""
     num_heads, num_kv_heads = q.shape[1], k.shape[1]
     group = num_heads // num_kv_heads
     k = np.repeat(k, group, axis=1)  # [S, H, E]: query head h reads KV head h // group
@@ -51,9 +73,9 @@ def attention(
     q_by_head = q.transpose(1, 0, 2)  # [H, T, E]
     scores = (q_by_head @ k.transpose(1, 2, 0)) * scale  # [H, T, E] @ [H, E, S] -> [H, T, S]
     if softcap is not None:
-        scores = softcap * np.tanh(scores / softcap)
+        scores = soft_cap(scores, softcap)
     allowed = attention_mask(query_positions, k.shape[0], window)  # [T, S]
     scores = np.where(allowed[None], scores, -np.inf)
-    weights = softmax(scores)  # [H, T, S]
+    weights = softmax(scores) if sinks is None else softmax_with_sink(scores, sinks)  # [H, T, S]
     out = weights @ v.transpose(1, 0, 2)  # [H, T, S] @ [H, S, E] -> [H, T, E]
     return out.transpose(1, 0, 2)  # [T, H, E]

@@ -3,6 +3,7 @@
     mlp(x) = down( act(gate(x)) * up(x) )
 
 with act = SiLU for SwiGLU, and the tanh approximation of GELU for GeGLU.
+gpt-oss's experts use a clamped SwiGLU of their own (``clamped_swiglu``).
 Phi-3 stores gate and up as one ``gate_up_proj``; refllm splits it at load, so
 the function below is the only MLP there is.
 """
@@ -51,3 +52,19 @@ def gated_mlp(
 def gated(gate: np.ndarray, up: np.ndarray, activation: str = "silu") -> np.ndarray:
     """act(gate) * up: the activated gate scales each up feature. gate, up: [..., F] -> [..., F]."""
     return ACTIVATIONS[activation](gate) * up
+
+
+def clamped_swiglu(gate: np.ndarray, up: np.ndarray, alpha: float, limit: float) -> np.ndarray:
+    """gpt-oss's gate: gate, up [..., F] -> [..., F].
+
+        g = min(gate, limit)                   u = clip(up, -limit, limit)
+        out = (u + 1) * g * sigmoid(alpha * g)
+
+    The clamps bound the activations of a checkpoint trained with them; the
+    ``+ 1`` lets an expert pass g through when u is near 0.
+    """
+    g = np.minimum(gate, limit)
+    u = np.clip(up, -limit, limit)
+    with np.errstate(over="ignore"):  # exp(-alpha g) -> inf for very negative g: sigmoid -> 0, the right limit
+        glu = g / (1.0 + np.exp(-alpha * g))
+    return (u + 1) * glu

@@ -18,6 +18,10 @@ The scaling variants only change ``inv_freq`` (and, for YaRN, scale cos/sin):
 
 Checkpoints that use the interleaved pairing (i, i + 1), like GGUF's llama
 files, are converted to this layout at load; the spec knows one convention.
+
+A NoPE layer (SmolLM3's every fourth, ``ModelConfig.nope_layers``) skips the
+rotation: its q.k sees what the tokens are, not where; only the causal mask
+orders them.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ and its embedding lookup is ``table[ids]`` (``refllm/nn/embedding.py``). A
 QuantizedTensor answers both without ever being dequantized whole:
 
 - ``W.matmul(x)`` is ``x @ W.T`` in the Numba kernels of
-  ``refllm/kernels/quant_matmul.py``; the fast op set's ``linear``
+  ``refllm/kernels/quant_matmul.py``, or for a prompt chunk in BLAS, a decoded
+  panel of rows at a time (``refllm/kernels/gemm.py``); the fast op set's ``linear``
   (``refllm/kernels/dense_matmul.py``) calls it. This is the one place where
   the quantized path branches off the spec, whose ``linear`` takes a
   dequantized matrix.
@@ -27,9 +28,11 @@ from typing import Any
 
 import numpy as np
 
+from refllm.kernels.gemm import GEMM_TOKENS, quantized_blas_matmul
 from refllm.kernels.quant_matmul import (
     FORMAT_CODES,
     KERNEL_FORMATS,
+    dequantize_rows,
     quant_matmul,
     quant_matmul_serial,
     quant_matvec,
@@ -121,9 +124,15 @@ class QuantizedTensor:
         parallel = len(tokens) * rows * cols >= PARALLEL_MIN_WEIGHTS
         if len(tokens) == 1:
             out = (quant_matvec if parallel else quant_matvec_serial)(self.blocks, self._code, tokens[0])
+        elif len(tokens) >= GEMM_TOKENS:
+            out = quantized_blas_matmul(tokens, rows, self._dequantize_rows)
         else:
             out = (quant_matmul if parallel else quant_matmul_serial)(self.blocks, self._code, tokens)
         return out.reshape(*x.shape[:-1], rows)
+
+    def _dequantize_rows(self, first: int, last: int) -> np.ndarray:
+        """-> W[first:last] float32, in the decoding kernel (the spec's values, bit for bit)."""
+        return dequantize_rows(self.blocks[first:last], self._code, self.shape[1])
 
     def __getitem__(self, index: Any) -> np.ndarray | QuantizedTensor:
         """``W[a:b]`` -> QuantizedTensor of those rows; ``W[ids]`` (integers) -> float32 [*ids.shape, C]."""

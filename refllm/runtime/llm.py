@@ -50,6 +50,8 @@ from refllm.runtime.checks import (
     check_truncate,
 )
 
+# A warm-up prompt long enough for the fast op set's prompt-sized products (kernels/gemm.py: 16 tokens and up)
+WARM_UP_PROMPT = 24
 
 @dataclass(frozen=True)
 class LLMConfig:
@@ -191,11 +193,17 @@ class LLM:
         del self._seq_ids[check_cache_id(cache_id)]
 
     def warm_up(self) -> None:
-        """A two-token prefill and one decode step: the kernels a request needs compile (or load from cache) now."""
-        cache_id = ("warm-up",)  # no caller's id is a tuple of this string
-        self.prefill(cache_id, [0, 0])
-        self.decode(cache_id, 0, 2)
-        self.release(cache_id)
+        """Every kind of product a request runs, once, so that its kernels compile (or load from cache) now:
+        a two-token and a prompt-sized prefill (WARM_UP_PROMPT tokens: the BLAS path, or as many as a
+        shorter context leaves room for beside the decode step), a batched and a single decode step."""
+        short, prompt = ("warm-up", 0), ("warm-up", 1)  # no caller's id is a tuple with this string
+        prompt_length = min(WARM_UP_PROMPT, self.config.context_length - 1)
+        self.prefill(short, [0, 0])
+        self.prefill(prompt, [0] * prompt_length)
+        self.decode_batch([(short, 0, 2), (prompt, 0, prompt_length)])
+        self.decode(short, 0, 3)
+        self.release(short)
+        self.release(prompt)
 
     def reset(self) -> None:
         """Release every cache id and empty the prefix cache."""

@@ -37,6 +37,12 @@ CLASS_NAMES = {  # the transformers causal-LM class of each architecture, for co
     "qwen3": "Qwen3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "smollm3": "SmolLM3ForCausalLM",
+    "olmo2": "Olmo2ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
 }
 
@@ -84,6 +90,25 @@ def tiny_config_json(model_type: str, sliding_window: int = 5) -> dict[str, Any]
         "phi3": dict(partial_rotary_factor=0.5),
         "gemma3_text": dict(
             head_dim=8, sliding_window=sliding_window, layer_types=["sliding_attention", "full_attention"]
+        ),
+        # caps low enough that tiny random scores and logits reach them
+        "gemma2": dict(
+            head_dim=8,
+            sliding_window=sliding_window,
+            query_pre_attn_scalar=8,
+            attn_logit_softcapping=2.0,
+            final_logit_softcapping=3.0,
+        ),
+        "smollm3": dict(no_rope_layer_interval=2),  # the second of the two layers runs without RoPE
+        "olmo2": dict(head_dim=12),
+        "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=sliding_window),
+        "qwen3_moe": dict(
+            head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, mlp_only_layers=[1]
+        ),
+        "gpt_oss": dict(
+            head_dim=8, num_local_experts=4, num_experts_per_tok=2, sliding_window=sliding_window, swiglu_limit=1.0,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 150_000.0, "factor": 2.0, "truncate": False,
+                             "original_max_position_embeddings": 32},
         ),
         "deepseek_v3": DEEPSEEK_TINY,
     }[model_type]

@@ -79,7 +79,12 @@ def describe_model(checkpoint: Checkpoint) -> str:
     flags = [name for name, on in [
         ("qkv bias", c.qkv_bias), ("o bias", c.o_proj_bias), ("mlp bias", c.mlp_bias), ("q/k norm", c.qk_norm),
         ("(1+w) norms", c.norm_weight_offset), ("sandwich norms", c.sandwich_norms), ("tied", c.tie_word_embeddings),
+        ("post-norms", c.post_norms), ("q/k norm over the projection", c.qk_norm_whole),
     ] if on]  # fmt: skip
+    if c.nope_layers:
+        flags.append(f"no RoPE on layers {', '.join(map(str, c.nope_layers))}")
+    if c.attn_logit_softcapping:
+        flags.append(f"attention cap {c.attn_logit_softcapping:g}")
     if c.final_logit_softcapping:
         flags.append(f"logit cap {c.final_logit_softcapping:g}")
     parts.append(f"eps {c.rms_norm_eps:g}, {c.hidden_act}, scale {c.attention_scale:.4g}")

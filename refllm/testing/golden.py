@@ -16,7 +16,6 @@ non-zero on any failure. The format is specified in docs/golden-format.md.
 
 from __future__ import annotations
 
-import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,14 +24,14 @@ import numpy as np
 
 import refllm
 from refllm.errors import InvalidInputError
-from refllm.models.llama import DTYPES, dtype_name
+from refllm.models.llama import dtype_name
 from refllm.testing.backends import Backend, as_backend
 from refllm.testing.checkpoint import Checkpoint
 from refllm.testing.explain import count, state_name
-from refllm.testing.factories import load_factory, refllm_contiguous, refllm_float64
+from refllm.testing.factories import refllm_contiguous, refllm_float64
 from refllm.testing.greedy import compare_greedy_outputs, greedy_tokens, top_candidates
 from refllm.testing.kld import KLStatistics, kl_statistics
-from refllm.testing.tolerances import PROFILES, Tolerance, get_profile
+from refllm.testing.tolerances import Tolerance, get_profile
 
 FORMAT = "refllm-golden"
 FORMAT_VERSION = "1"
@@ -83,6 +82,80 @@ def chosen_positions(length: int, count: int) -> np.ndarray:
     return np.unique(np.linspace(0, length - 1, min(count, length)).round().astype(np.int64))
 
 
+@dataclass(frozen=True)
+class DumpOptions:
+    """What ``dump`` records per prompt."""
+
+    new_tokens: int = 32
+    top_k: int = 10
+    positions: int = 8
+    hidden_states: bool = False
+
+
+def golden_reference(checkpoint: Checkpoint, dtype: str = "float32") -> Backend:
+    """The reference a golden file records: refllm's spec path in ``dtype``."""
+    return {"float32": refllm_contiguous, "float64": refllm_float64}[dtype_name(dtype)](checkpoint)
+
+
+def prompt_tensors(
+    reference: Backend, context: int, i: int, prompt: Prompt, options: DumpOptions
+) -> dict[str, np.ndarray]:
+    """The golden file's tensors of prompt ``i``; one that cannot fit ``context`` with its new tokens is refused."""
+    ids = np.asarray(prompt.token_ids, np.int64)
+    if len(ids) + options.new_tokens > context:
+        text = "" if prompt.text is None else f" ({prompt.text[:40]!r})"
+        raise InvalidInputError(
+            f"prompt {i}{text} has {len(ids)} tokens; with {options.new_tokens} new ones it passes"
+            f" the context length {context}"
+        )
+    everything = reference.all_logits(ids)  # [T, V]
+    chosen = chosen_positions(len(ids), options.positions)
+    top = top_candidates(everything[chosen], options.top_k)  # [P, k]
+    greedy, greedy_top = greedy_tokens(reference, ids, options.new_tokens, options.top_k)
+    tensors = {
+        f"prompt.{i}.token_ids": ids,
+        f"prompt.{i}.last_logits": everything[-1],
+        f"prompt.{i}.positions": chosen,
+        f"prompt.{i}.logits": everything[chosen],
+        f"prompt.{i}.topk_ids": top.astype(np.int64),
+        f"prompt.{i}.topk_logits": np.take_along_axis(everything[chosen], top, axis=-1),
+        f"prompt.{i}.greedy_ids": np.asarray(greedy, np.int64),
+        f"prompt.{i}.greedy_topk_ids": greedy_top.astype(np.int64),
+    }
+    if options.hidden_states:
+        tensors[f"prompt.{i}.hidden_states"] = reference.layer_states(ids)
+    return tensors
+
+
+def golden_metadata(
+    checkpoint: Checkpoint, prompts: list[Prompt], model: str, profile: str, options: DumpOptions, dtype: str
+) -> dict[str, str]:
+    """The golden file's metadata (docs/golden-format.md); an unknown ``profile`` is refused."""
+    get_profile(profile)
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "refllm_version": refllm.__version__,
+        "model": model,
+        "config": json.dumps(
+            checkpoint.config_json if checkpoint.config_json is not None else vars(checkpoint.config), default=str
+        ),
+        "weights_sha256": checkpoint.weights_sha256(),
+        "dtype": dtype_name(dtype),
+        "tolerance_profile": profile,
+        "num_prompts": str(len(prompts)),
+        "new_tokens": str(options.new_tokens),
+        "top_k": str(options.top_k),
+        "prompts": json.dumps([p.text for p in prompts]),
+    }
+
+
+def write_golden(tensors: dict[str, np.ndarray], metadata: dict[str, str], out: str | Path) -> None:
+    from safetensors.numpy import save_file
+
+    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(out), metadata=metadata)
+
+
 def dump(
     checkpoint: Checkpoint,
     prompts: list[Prompt],
@@ -100,51 +173,13 @@ def dump(
     The logits and hidden states are stored in ``dtype`` (F32 or F64 tensors; the metadata's ``dtype``
     says which): a float64 file holds the truth a backend's error is measured against.
     """
-    from safetensors.numpy import save_file
-
-    get_profile(profile)
-    reference = {"float32": refllm_contiguous, "float64": refllm_float64}[dtype_name(dtype)](checkpoint)
-    context = checkpoint.config.context_length
+    options = DumpOptions(new_tokens, top_k, positions, hidden_states)
+    metadata = golden_metadata(checkpoint, prompts, model, profile, options, dtype)
+    reference, context = golden_reference(checkpoint, dtype), checkpoint.config.context_length
     tensors: dict[str, np.ndarray] = {}
     for i, prompt in enumerate(prompts):
-        ids = np.asarray(prompt.token_ids, np.int64)
-        if len(ids) + new_tokens > context:
-            raise InvalidInputError(
-                f"prompt {i} has {len(ids)} tokens; with {new_tokens} new ones it passes the context length {context}"
-            )
-        everything = reference.all_logits(ids)  # [T, V]
-        chosen = chosen_positions(len(ids), positions)
-        top = top_candidates(everything[chosen], top_k)  # [P, k]
-        greedy, greedy_top = greedy_tokens(reference, ids, new_tokens, top_k)
-        tensors |= {
-            f"prompt.{i}.token_ids": ids,
-            f"prompt.{i}.last_logits": everything[-1],
-            f"prompt.{i}.positions": chosen,
-            f"prompt.{i}.logits": everything[chosen],
-            f"prompt.{i}.topk_ids": top.astype(np.int64),
-            f"prompt.{i}.topk_logits": np.take_along_axis(everything[chosen], top, axis=-1),
-            f"prompt.{i}.greedy_ids": np.asarray(greedy, np.int64),
-            f"prompt.{i}.greedy_topk_ids": greedy_top.astype(np.int64),
-        }
-        if hidden_states:
-            tensors[f"prompt.{i}.hidden_states"] = reference.layer_states(ids)
-    metadata = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "refllm_version": refllm.__version__,
-        "model": model,
-        "config": json.dumps(
-            checkpoint.config_json if checkpoint.config_json is not None else vars(checkpoint.config), default=str
-        ),
-        "weights_sha256": checkpoint.weights_sha256(),
-        "dtype": dtype_name(dtype),
-        "tolerance_profile": profile,
-        "num_prompts": str(len(prompts)),
-        "new_tokens": str(new_tokens),
-        "top_k": str(top_k),
-        "prompts": json.dumps([p.text for p in prompts]),
-    }
-    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(out), metadata=metadata)
+        tensors |= prompt_tensors(reference, context, i, prompt, options)
+    write_golden(tensors, metadata, out)
     return metadata
 
 
@@ -272,87 +307,3 @@ def check(golden: Golden, backend, profile: str | Tolerance | None = None) -> li
     profile = get_profile(profile or golden.metadata.get("tolerance_profile", "float32"))
     backend = as_backend(backend)
     return [check_golden_prompt(golden, i, backend, profile) for i in range(golden.num_prompts)]
-
-
-# --- the command line -----------------------------------------------------------------------
-
-
-def add_cli(subparsers: argparse._SubParsersAction) -> None:
-    """Register ``golden dump`` and ``golden check`` on a ``refllm``-style subparsers object."""
-    golden = subparsers.add_parser("golden", help="write or check golden files of reference outputs")
-    commands = golden.add_subparsers(dest="golden_command", required=True, metavar="ACTION")
-
-    dump_parser = commands.add_parser("dump", help="run the reference on prompts and write a golden file")
-    dump_parser.add_argument("--model", required=True, help="catalog name or Hugging Face directory")
-    dump_parser.add_argument("--prompts", required=True, help="one prompt per line: text, or a JSON array of token ids")
-    dump_parser.add_argument("--out", required=True, help="the golden file to write (.safetensors)")
-    dump_parser.add_argument("--new-tokens", type=int, default=32, help="greedy tokens per prompt (default 32)")
-    dump_parser.add_argument("--top-k", type=int, default=10, help="candidates stored per position (default 10)")
-    dump_parser.add_argument(
-        "--positions", type=int, default=8, help="positions whose full logits are stored (default 8)"
-    )
-    dump_parser.add_argument("--hidden-states", action="store_true", help="also store hidden states around every layer")
-    dump_parser.add_argument(
-        "--dtype", default="float32", choices=DTYPES, help="compute and store in float32 (default) or float64 (truth)"
-    )
-    dump_parser.add_argument(
-        "--profile", default="float32", choices=sorted(PROFILES), help="tolerance profile a check uses"
-    )
-    dump_parser.set_defaults(handler=cmd_dump)
-
-    check_parser = commands.add_parser("check", help="compare a backend with a golden file; non-zero exit on failure")
-    check_parser.add_argument("golden", help="the golden file")
-    check_parser.add_argument("--backend", default=DEFAULT_BACKEND, help=f"module:factory (default {DEFAULT_BACKEND})")
-    check_parser.add_argument(
-        "--model", help="the weights to build the backend from (default: the golden file's model)"
-    )
-    check_parser.add_argument(
-        "--profile", choices=sorted(PROFILES), help="override the golden file's tolerance profile"
-    )
-    check_parser.set_defaults(handler=cmd_check)
-
-
-def cmd_dump(args: argparse.Namespace) -> int:
-    checkpoint = Checkpoint.open(args.model, args.dtype)
-    prompts = read_prompts(args.prompts, checkpoint.tokenizer)
-    metadata = dump(
-        checkpoint,
-        prompts,
-        args.out,
-        args.model,
-        args.profile,
-        args.new_tokens,
-        args.top_k,
-        args.positions,
-        args.hidden_states,
-        args.dtype,
-    )
-    print(f"{args.out}: {len(prompts)} {args.dtype} prompts from {args.model} (weights sha256 {metadata['weights_sha256'][:12]})")
-    return 0
-
-
-def cmd_check(args: argparse.Namespace) -> int:
-    golden = Golden.load(args.golden)
-    model = args.model or golden.metadata["model"]
-    checkpoint = Checkpoint.open(model, golden.metadata.get("dtype", "float32"))  # as dump read the weights
-    expected_hash, actual_hash = golden.metadata["weights_sha256"], checkpoint.weights_sha256()
-    if actual_hash != expected_hash:
-        raise GoldenModelMismatchError(
-            f"{model} has weights sha256 {actual_hash[:12]}; {args.golden} was made from {expected_hash[:12]}"
-        )
-    backend = as_backend(load_factory(args.backend)(checkpoint))
-    profile = get_profile(args.profile or golden.metadata.get("tolerance_profile", "float32"))
-    made_by = golden.metadata.get("refllm_version")
-    print(f"{args.golden}: {golden.num_prompts} prompts from {model} (refllm {made_by}), profile {profile.name}")
-    print(f"backend: {backend.name} ({args.backend})")
-    reports = check(golden, backend, profile)
-    for report in reports:
-        print(report.line)
-    passed = sum(r.ok for r in reports)
-    statistics = golden_kl(reports)
-    if statistics is not None:
-        print(f"against the golden's {golden.metadata.get('dtype', 'float32')} logits:")
-        for line in statistics.lines():
-            print(f"  {line}")
-    print(f"{passed}/{len(reports)} prompts pass")
-    return 0 if passed == len(reports) else 1

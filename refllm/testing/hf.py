@@ -139,6 +139,12 @@ def transformers_backend(checkpoint) -> TransformersBackend:
     import torch
     import transformers
 
+    if checkpoint.config.moe is not None:
+        # the Hub's per-expert tensors: transformers' own loader fuses them into its 3-D expert tensors
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            checkpoint.path, attn_implementation="eager", dtype=torch.float32
+        )
+        return TransformersBackend(model, f"transformers {type(model).__name__}")
     config = transformers.AutoConfig.for_model(**checkpoint.config_json)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
     tensors = checkpoint.tensors

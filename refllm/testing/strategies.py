@@ -4,8 +4,10 @@ Sizes are tiny (a model runs in milliseconds) but every flag that changes the
 arithmetic is drawn: grouped-query ratios, head dims apart from hidden / heads,
 RoPE bases and scaling variants, partial rotary dims, sliding windows shorter
 than the inputs, biases, q/k norms, tied embeddings, Gemma's soft-capping and
-layer-type patterns, and RMSNorm epsilons large enough that misplacing one
-shows in the logits.
+layer-type patterns, SmolLM3's NoPE layers, OLMo 2's post-norms, mixture-of-experts
+routing (experts, experts per token, renormalisation, dense layers among sparse ones,
+gpt-oss's router bias, sinks and clamp), DeepSeek-V3's latent attention and grouped
+routing, and RMSNorm epsilons large enough that misplacing one shows in the logits.
 
 ``hf_configs()`` draws ``config.json`` dicts that both refllm and transformers
 read; ``checkpoints()`` adds seeded random weights, their scale drawn over
@@ -110,6 +112,21 @@ def hf_configs(draw, architectures: tuple[str, ...] = ARCHITECTURES, long_horizo
         if rope["rope_type"] == "dynamic":
             config["max_position_embeddings"] = 16
         return config | dict(rope_parameters=rope)
+    if model_type in MOE_ARCHITECTURES:
+        return config | draw(moe_keys(model_type, layers, window, theta, max_positions, not long_horizon))
+    if model_type == "gemma2":
+        return config | dict(
+            hidden_activation="gelu_pytorch_tanh",
+            sliding_window=window,
+            layer_types=draw(
+                st.lists(st.sampled_from(["sliding_attention", "full_attention"]), min_size=layers, max_size=layers)
+            ),
+            query_pre_attn_scalar=draw(st.sampled_from([head_dim, 24, 256])),
+            attn_logit_softcapping=draw(st.sampled_from([None, 1.0, 5.0])),
+            final_logit_softcapping=draw(st.sampled_from([None, 3.0])),
+            attention_bias=draw(st.booleans()),
+            rope_theta=theta,
+        )
     config |= dict(
         rope_theta=theta,
         hidden_act=draw(st.sampled_from(["silu", "gelu_pytorch_tanh"])),
@@ -122,8 +139,11 @@ def hf_configs(draw, architectures: tuple[str, ...] = ARCHITECTURES, long_horizo
             config["max_position_embeddings"] = 16  # so inputs run past it and the base grows
     if model_type == "llama":
         config |= dict(attention_bias=draw(st.booleans()), mlp_bias=draw(st.booleans()))
-    elif model_type == "qwen3":
+    elif model_type in ("qwen3", "olmo2"):
         config |= dict(attention_bias=draw(st.booleans()))
+    elif model_type == "smollm3":  # no_rope_layers: 1 where the layer rotates, 0 for a NoPE layer
+        flags = st.lists(st.sampled_from([0, 1]), min_size=layers, max_size=layers)
+        config |= dict(attention_bias=draw(st.booleans()), mlp_bias=draw(st.booleans()), no_rope_layers=draw(flags))
     elif model_type == "phi3":
         config |= dict(
             partial_rotary_factor=draw(st.sampled_from([1.0, 0.5])), sliding_window=draw(st.none() | st.just(window))
@@ -137,6 +157,46 @@ def hf_configs(draw, architectures: tuple[str, ...] = ARCHITECTURES, long_horizo
             max_window_layers=draw(st.integers(0, layers)),
         )
     return config
+
+
+MOE_ARCHITECTURES = ("mixtral", "qwen3_moe", "gpt_oss")
+
+
+@st.composite
+def moe_keys(
+    draw, model_type: str, layers: int, window: int, theta: float, max_positions: int, dynamic: bool = True
+) -> dict[str, Any]:
+    """The config.json keys of a mixture-of-experts family, drawn: experts, routing, sparse layers, RoPE
+    scaling (dynamic NTK only if ``dynamic``)."""
+    experts = draw(st.integers(2, 6))
+    keys: dict[str, Any] = dict(
+        num_local_experts=experts, num_experts_per_tok=draw(st.integers(1, min(experts, 3))), tie_word_embeddings=False
+    )
+    scaling = draw(rope_scalings(max_positions, dynamic)) if model_type != "gpt_oss" else None
+    if scaling is not None:
+        keys["rope_scaling"] = scaling
+        if scaling["rope_type"] == "dynamic":
+            keys["max_position_embeddings"] = 16  # so inputs run past it and the base grows
+    if model_type == "mixtral":
+        return keys | dict(rope_theta=theta, sliding_window=draw(st.none() | st.just(window)))
+    if model_type == "qwen3_moe":
+        return keys | dict(
+            rope_theta=theta,
+            moe_intermediate_size=draw(st.sampled_from([8, 16, 24])),
+            norm_topk_prob=draw(st.booleans()),
+            decoder_sparse_step=draw(st.integers(1, 2)),
+            mlp_only_layers=draw(st.lists(st.integers(0, layers - 1), max_size=1)),
+            attention_bias=draw(st.booleans()),
+        )
+    yarn = dict(rope_type="yarn", factor=2.0, truncate=False, original_max_position_embeddings=max_positions // 2)
+    return keys | dict(  # gpt_oss
+        sliding_window=window,
+        layer_types=draw(
+            st.lists(st.sampled_from(["sliding_attention", "full_attention"]), min_size=layers, max_size=layers)
+        ),
+        swiglu_limit=draw(st.sampled_from([0.5, 7.0])),
+        rope_parameters={"rope_theta": theta} | draw(st.sampled_from([{"rope_type": "default"}, yarn])),
+    )
 
 
 @st.composite

@@ -1,0 +1,45 @@
+"""Qwen3-MoE: config.json to ``ModelConfig`` fields (Qwen3's attention, sparse and dense MLPs mixed)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from refllm.architectures.keys import (
+    HFKeys,
+    common_fields,
+    expert_count,
+    rope_for_types,
+    single_rope,
+)
+from refllm.errors import ConfigError
+from refllm.moe_parameters import SOFTMAX_THEN_TOPK, MoeParameters
+from refllm.rope_parameters import FULL_ATTENTION, SLIDING_ATTENTION
+
+
+def read_qwen3_moe(keys: HFKeys) -> dict[str, Any]:
+    common = common_fields(keys)
+    # use_sliding_window: false makes the sliding_window value inert; when true, every layer slides.
+    window = keys.get("sliding_window") if keys.get("use_sliding_window", False) else None
+    layer_types = (SLIDING_ATTENTION if window is not None else FULL_ATTENTION,) * common["num_hidden_layers"]
+    mlp_only_layers = keys.get("mlp_only_layers", [])
+    if not isinstance(mlp_only_layers, list) or not all(isinstance(i, int) for i in mlp_only_layers):
+        raise ConfigError(f"mlp_only_layers must be a list of layer indices; got {mlp_only_layers!r:.60}")
+    bias = bool(keys.get("attention_bias", False))
+    return dict(
+        **common,
+        qkv_bias=bias,
+        o_proj_bias=bias,
+        qk_norm=True,
+        sliding_window=window,
+        layer_types=layer_types,
+        rope=rope_for_types(layer_types, single_rope(keys)),
+        moe=MoeParameters(
+            num_experts=expert_count(keys),
+            experts_per_token=keys.size("num_experts_per_tok", 8),
+            moe_intermediate_size=keys.size("moe_intermediate_size", 768),
+            routing=SOFTMAX_THEN_TOPK,
+            norm_topk_prob=bool(keys.get("norm_topk_prob", False)),
+            mlp_only_layers=tuple(mlp_only_layers),
+            decoder_sparse_step=keys.size("decoder_sparse_step", 1),
+        ),
+    )

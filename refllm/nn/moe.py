@@ -1,0 +1,106 @@
+"""Mixture of experts: a router picks k of X expert MLPs per token and mixes their outputs.
+
+For a token x (one row of [T, D]) and a sparse layer with router W_r [X, D] (and bias b_r):
+
+    logits   = W_r x + b_r                                     [X]  one score per expert
+    ids, w   = route(logits)                                   [k], [k]  which experts, with what weight
+    moe(x)   = sum_i  w[i] * expert_{ids[i]}(x)                each expert a gated MLP (refllm/nn/mlp.py)
+
+Routings, as the architectures define them:
+
+    softmax_then_topk  (Mixtral, Qwen3-MoE)
+        p   = softmax(logits)                   over all X experts
+        ids = top_k(p);  w = p[ids]
+        w   = w / sum(w)                        only when renormalising (Mixtral always, Qwen3-MoE per norm_topk_prob)
+    topk_then_softmax  (gpt-oss)
+        ids = top_k(logits);  w = softmax(logits[ids])       over the k chosen only: the weights sum to 1
+
+Both give the same experts (softmax keeps the order); the weights differ unless renormalised.
+
+Tie rule: ``top_k`` orders experts by descending score and breaks an exact tie
+towards the lower expert index (a stable sort). transformers uses torch.topk,
+which orders distinct scores the same way but promises nothing among exact
+ties (on CPU its pick comes from std::nth_element); real router scores tie
+only by accident, and docs/layers/moe.md shows what each side does then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from refllm.nn.attention import softmax
+from refllm.nn.mlp import gated_mlp
+
+
+@dataclass
+class Expert:
+    """One expert's gated MLP, [out, in] as checkpoints store linear layers (M = the expert's MLP size)."""
+
+    gate_proj: np.ndarray  # [M, D]
+    up_proj: np.ndarray  # [M, D]
+    down_proj: np.ndarray  # [D, M]
+    gate_proj_bias: np.ndarray | None = None  # [M]
+    up_proj_bias: np.ndarray | None = None  # [M]
+    down_proj_bias: np.ndarray | None = None  # [D]
+
+
+def top_k(scores: np.ndarray, k: int) -> np.ndarray:
+    """scores: [T, X] -> ids [T, k] int64: the k highest scores per row, highest first, ties to the lower id."""
+    return np.argsort(-scores, axis=-1, kind="stable")[:, :k].astype(np.int64)
+
+
+def softmax_then_topk(router_logits: np.ndarray, k: int, renormalize: bool) -> tuple[np.ndarray, np.ndarray]:
+    """router_logits: [T, X] -> (expert_ids [T, k] int64, expert_weights [T, k]).
+
+    p = softmax(logits); ids = top_k(p); w = p[ids], divided by sum(w) if ``renormalize``.
+    """
+    probs = softmax(router_logits)  # [T, X]
+    ids = top_k(probs, k)
+    weights = np.take_along_axis(probs, ids, axis=-1)  # [T, k]
+    if renormalize:
+        weights = weights / np.sum(weights, axis=-1, keepdims=True)
+    return ids, weights
+
+
+def topk_then_softmax(router_logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """router_logits: [T, X] -> (expert_ids [T, k] int64, expert_weights [T, k]).
+
+    ids = top_k(logits); w = softmax(logits[ids]).
+    """
+    ids = top_k(router_logits, k)
+    return ids, softmax(np.take_along_axis(router_logits, ids, axis=-1))
+
+
+def swiglu_expert(x: np.ndarray, expert: Expert) -> np.ndarray:
+    """x: [N, D] -> [N, D]: the expert's SwiGLU MLP, down(silu(gate(x)) * up(x))."""
+    return gated_mlp(
+        x, expert.gate_proj, expert.up_proj, expert.down_proj, "silu",
+        expert.gate_proj_bias, expert.up_proj_bias, expert.down_proj_bias,
+    )
+
+
+def experts_forward(
+    x: np.ndarray,
+    expert_ids: np.ndarray,
+    expert_weights: np.ndarray,
+    experts: Sequence[Expert],
+    expert_mlp: Callable[[np.ndarray, Expert], np.ndarray] = swiglu_expert,
+) -> np.ndarray:
+    """x: [T, D], expert_ids / expert_weights: [T, k] (from a routing) -> [T, D].
+
+    out[t] = sum_i expert_weights[t, i] * expert_mlp(x[t], experts[expert_ids[t, i]]).
+    Expert by expert: gather the tokens routed to it, run its MLP once on them,
+    add each result, scaled by its weight, back to its token's row. An expert no
+    token chose is never read.
+    """
+    out = np.zeros_like(x)
+    for e, expert in enumerate(experts):
+        tokens, slots = np.nonzero(expert_ids == e)  # token t chose expert e as its slots-th pick
+        if tokens.size == 0:
+            continue
+        y = expert_mlp(x[tokens], expert)  # [N, D]
+        out[tokens] += expert_weights[tokens, slots, None].astype(x.dtype) * y  # a token picks e at most once
+    return out

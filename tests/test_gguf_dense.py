@@ -1,0 +1,65 @@
+"""Gemma 2, SmolLM3 and OLMo 2 from GGUF files written by gguf's GGUFWriter, as llama.cpp converts them.
+
+Each transformers fixture is converted (``test_gguf_source.convert``: llama.cpp's
+metadata keys, gguf's tensor names, the q/k permutation of ``smollm3`` files,
+Gemma's norms + 1) and loaded back: the same tensors, the same hyper-parameters
+where the file can carry them, and the same logits as the safetensors checkpoint.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import refllm
+from refllm import LlamaFamilyModel
+from refllm.io.gguf import GGUFSource
+from refllm.io.safetensors import HFDirectorySource
+from tests.hf_fixtures import DATA, NEW_TOKENS
+from tests.test_gguf_source import ATOL, RTOL, all_logits, convert, greedy
+
+CASES = ["gemma2", "smollm3", "olmo2"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_tensors_come_back_in_hugging_face_names_and_layout(case, tmp_path):
+    hf = HFDirectorySource(DATA / case)
+    source = GGUFSource(convert(case, tmp_path / f"{case}.gguf"))
+    assert sorted(source.tensor_names()) == sorted(hf.tensor_names())
+    for name in hf.tensor_names():
+        # Gemma's norms went through w + 1 - 1 in float32, which may round the last bit.
+        np.testing.assert_allclose(source.tensor(name), hf.tensor(name), rtol=0, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("case", ["smollm3", "olmo2"])
+def test_converted_fixture_is_the_hugging_face_model(case, tmp_path):
+    model = refllm.load_model(convert(case, tmp_path / f"{case}.gguf"))
+    hf_model = refllm.load_model(DATA / case)
+    eps = float(np.float32(hf_model.config.rms_norm_eps))  # GGUF stores it as a float32
+    assert model.config == hf_model.config.with_overrides(rms_norm_eps=eps)
+    reference = np.load(DATA / case / "reference.npz")
+    ids = reference["input_ids"]
+    np.testing.assert_array_equal(all_logits(model, ids), all_logits(hf_model, ids))
+    np.testing.assert_allclose(all_logits(model, ids), reference["logits"], ATOL, RTOL)
+    assert greedy(model, ids, NEW_TOKENS) == reference["greedy"].tolist()
+
+
+def test_smollm3_gguf_skips_rope_on_every_fourth_layer(tmp_path):
+    """No GGUF key names SmolLM3's NoPE layers; llama.cpp fixes the interval at 4, and so does refllm."""
+    assert GGUFSource(convert("smollm3", tmp_path / "s.gguf")).config.nope_layers == (3,)
+
+
+def test_gemma2_gguf_carries_both_soft_caps_and_takes_the_rest_from_the_architecture(tmp_path):
+    """Gemma 2 files carry the soft-caps and the window; the alternating layers and the query scale
+    (head_dim below the 27B) are llama.cpp's."""
+    hf_config = HFDirectorySource(DATA / "gemma2").config
+    model = refllm.load_model(convert("gemma2", tmp_path / "g.gguf"))
+    c = model.config
+    assert (c.attn_logit_softcapping, c.final_logit_softcapping) == (2.0, 3.0)
+    assert c.layer_types == ("sliding_attention", "full_attention") and c.sliding_window == 8
+    assert c.attention_scale == c.head_dim**-0.5  # the fixture's query_pre_attn_scalar (24) is not in the file
+    eps = float(np.float32(hf_config.rms_norm_eps))
+    assert c == hf_config.with_overrides(attention_scale=c.attention_scale, rms_norm_eps=eps)
+    expected = LlamaFamilyModel(c, refllm.load_model(DATA / "gemma2").weights)
+    ids = np.load(DATA / "gemma2" / "reference.npz")["input_ids"]
+    np.testing.assert_allclose(all_logits(model, ids), all_logits(expected, ids), rtol=1e-5, atol=1e-5)
