@@ -1,7 +1,7 @@
 """ModelConfig: one dataclass for every supported architecture.
 
-Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2, Gemma 3, SmolLM3, OLMo 2 and the
-mixture-of-experts families (Mixtral, Qwen3-MoE, gpt-oss) differ only by the flags
+Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2, Gemma 3, SmolLM3, OLMo 2, DeepSeek-V3 and
+the mixture-of-experts families (Mixtral, Qwen3-MoE, gpt-oss) differ only by the flags
 below; the forward pass in ``refllm/models/llama.py`` reads them, it never asks which
 architecture it is running.
 
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from refllm.architectures import READERS, SUPPORTED_ARCHITECTURES
+from refllm.architectures.deepseek import GroupedExperts, LatentAttention
 from refllm.architectures.keys import HFKeys
 from refllm.config_checks import check_fields
 from refllm.errors import ConfigError
@@ -89,6 +90,12 @@ class ModelConfig:
     attention_sinks: bool = False
     # Mixture of experts (Mixtral, Qwen3-MoE, gpt-oss): the sparse layers' routers and experts; None when dense.
     moe: MoeParameters | None = None
+    # DeepSeek-V3: multi-head latent attention instead of q/k/v, grouped experts in place of some MLPs.
+    latent_attention: LatentAttention | None = None
+    grouped_experts: GroupedExperts | None = None
+    # Layers a checkpoint holds past the last that plain decoding never runs (DeepSeek-V3's
+    # multi-token-prediction module, num_nextn_predict_layers): their tensors are skipped.
+    unused_layers: int = 0
 
     def __post_init__(self) -> None:
         check_fields(self)  # before anything is built per layer
@@ -131,9 +138,14 @@ class ModelConfig:
     def with_overrides(self, **changes: Any) -> ModelConfig:
         return replace(self, **changes)
 
+    @property
+    def experts(self) -> MoeParameters | GroupedExperts | None:
+        """The sparse layers' settings, ``moe`` or DeepSeek-V3's ``grouped_experts``; None when dense."""
+        return self.moe if self.moe is not None else self.grouped_experts
+
     def is_sparse(self, layer: int) -> bool:
         """Whether ``layer``'s MLP is a mixture of experts."""
-        return self.moe is not None and self.moe.is_sparse(layer)
+        return self.experts is not None and self.experts.is_sparse(layer)
 
     @property
     def num_parameters(self) -> int:
@@ -142,19 +154,23 @@ class ModelConfig:
 
     @property
     def active_parameters(self) -> int:
-        """The weights one token's forward pass reads: of each sparse layer, only its k chosen experts."""
+        """The weights one token's forward pass reads: of each sparse layer, only its k chosen experts
+        (DeepSeek-V3's shared experts, which every token runs, included)."""
         return self._count_parameters(active=True)
 
     def _count_parameters(self, active: bool) -> int:
         D, F, V, E = self.hidden_size, self.intermediate_size, self.vocab_size, self.head_dim
         H, K = self.num_attention_heads, self.num_key_value_heads
-        attention = D * H * E + 2 * D * K * E + H * E * D + (H if self.attention_sinks else 0)
-        attention += ((H + 2 * K) * E if self.qkv_bias else 0) + (D if self.o_proj_bias else 0)
+        if self.latent_attention is None:
+            attention = D * H * E + 2 * D * K * E + H * E * D + (H if self.attention_sinks else 0)
+            attention += ((H + 2 * K) * E if self.qkv_bias else 0) + (D if self.o_proj_bias else 0)
+        else:
+            attention = self.latent_attention.num_parameters(D, H, self.qkv_bias)
         dense_mlp = 3 * D * F + (2 * F + D if self.mlp_bias else 0)
         qk_norms = (H + K) * E if self.qk_norm_whole else 2 * E
         norms = (4 if self.sandwich_norms else 2) * D + (qk_norms if self.qk_norm else 0)
         mlps = sum(
-            self.moe.mlp_parameters(D, active) if self.is_sparse(layer) else dense_mlp
+            self.experts.mlp_parameters(D, active) if self.is_sparse(layer) else dense_mlp
             for layer in range(self.num_hidden_layers)
         )
         head = 0 if self.tie_word_embeddings else V * D

@@ -71,9 +71,13 @@ def check_fields(config: Any) -> None:
             raise ConfigError(f"partial_rotary_factor must be at most 1 (all of head_dim); got {rope.partial_rotary_factor}")
 
 
-def check_layer_count(num_layers: int, tensor_names: Iterable[str], where: str) -> None:
-    """Refuse a layer count other than the layers ``tensor_names`` (Hugging Face names) hold tensors for."""
+def check_layer_count(num_layers: int, tensor_names: Iterable[str], where: str, extra_layers: int = 0) -> None:
+    """Refuse a layer count other than the layers ``tensor_names`` (Hugging Face names) hold tensors for.
+
+    ``extra_layers``: layers past the last the checkpoint may also hold, unused (DeepSeek-V3's
+    multi-token-prediction layers)."""
     present = {int(match.group(1)) for name in tensor_names if (match := _LAYER_NAME.match(name))}
+    present -= set(range(num_layers, num_layers + extra_layers))
     if len(present) != num_layers or max(present, default=-1) != num_layers - 1:  # layers 0 to num_layers - 1
         held = f"{len(present)} layers numbered up to {max(present)}" if present else "no layers"
         raise ConfigError(f"{where} gives {num_layers!r:.30} layers, but its tensors hold {held}")

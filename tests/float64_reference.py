@@ -3,7 +3,9 @@
 Written apart from ``refllm/nn``, ``refllm/models`` and ``refllm/io``, on
 purpose differently: it reads the checkpoint's bytes itself, runs one token at a
 time, loops over heads and keys, rotates query/key pairs as complex numbers,
-and computes the RoPE frequencies anew from transformers' definitions. It
+and computes the RoPE frequencies anew from transformers' definitions. DeepSeek's
+latent attention decompresses every cached latent per head and rotates its
+interleaved RoPE pairs as they come; its router sorts Python lists. It
 shares only the parsed ``ModelConfig`` (hyper-parameters, which the parity
 tests check against transformers).
 
@@ -67,21 +69,25 @@ def _one_token(config: ModelConfig, w: dict, cache: list, token: int, position: 
         p = f"model.layers.{layer}."
         # OLMo 2 feeds the raw residual stream to attention and the MLP; the others a normed copy.
         h = x if c.post_norms else _norm(x, w[p + "input_layernorm.weight"], c)
-        q, k, v = _qkv(w, p, h, c)
-        if c.qk_norm_whole:  # one RMS over all heads' dims together
-            q = _norm(q, w[p + "self_attn.q_norm.weight"], c)
-            k = _norm(k, w[p + "self_attn.k_norm.weight"], c)
-        q, k, v = q.reshape(H, E), k.reshape(K, E), v.reshape(K, E)
-        if c.qk_norm and not c.qk_norm_whole:
-            q = np.stack([_norm(row, w[p + "self_attn.q_norm.weight"], c) for row in q])
-            k = np.stack([_norm(row, w[p + "self_attn.k_norm.weight"], c) for row in k])
-        if layer not in c.nope_layers:  # a NoPE layer attends with unrotated queries and keys
-            rope = c.rope_for_layer(layer)
-            q, k = _rotate(q, rope, c, position, seq_len), _rotate(k, rope, c, position, seq_len)
-        keys, values = cache[layer]
-        keys.append(k)
-        values.append(v)
-        attended = _attend(q, keys, values, position, c.window_for_layer(layer), c, w.get(p + "self_attn.sinks"))
+        if c.latent_attention is not None:
+            attended = _latent_attend(w, p, h, c, c.rope_for_layer(layer), cache[layer][0], position, seq_len)
+        else:
+            q, k, v = _qkv(w, p, h, c)
+            if c.qk_norm_whole:  # one RMS over all heads' dims together
+                q = _norm(q, w[p + "self_attn.q_norm.weight"], c)
+                k = _norm(k, w[p + "self_attn.k_norm.weight"], c)
+            q, k, v = q.reshape(H, E), k.reshape(K, E), v.reshape(K, E)
+            if c.qk_norm and not c.qk_norm_whole:
+                q = np.stack([_norm(row, w[p + "self_attn.q_norm.weight"], c) for row in q])
+                k = np.stack([_norm(row, w[p + "self_attn.k_norm.weight"], c) for row in k])
+            if layer not in c.nope_layers:  # a NoPE layer attends with unrotated queries and keys
+                rope = c.rope_for_layer(layer)
+                q, k = _rotate(q, rope, c, position, seq_len), _rotate(k, rope, c, position, seq_len)
+            keys, values = cache[layer]
+            keys.append(k)
+            values.append(v)
+            window = c.window_for_layer(layer)
+            attended = _attend(q, keys, values, position, window, c, w.get(p + "self_attn.sinks"))
         a = w[p + "self_attn.o_proj.weight"] @ attended.reshape(-1) + w.get(p + "self_attn.o_proj.bias", 0.0)
         if c.sandwich_norms or c.post_norms:
             a = _norm(a, w[p + "post_attention_layernorm.weight"], c)
@@ -91,7 +97,12 @@ def _one_token(config: ModelConfig, w: dict, cache: list, token: int, position: 
         else:
             pre_mlp = "pre_feedforward_layernorm" if c.sandwich_norms else "post_attention_layernorm"
             h = _norm(x, w[p + pre_mlp + ".weight"], c)
-        m = _experts(w, p, h, c) if c.moe is not None and c.moe.is_sparse(layer) else _mlp(w, p, h, c)
+        if not c.is_sparse(layer):
+            m = _mlp(w, p + "mlp.", h, c)
+        elif c.grouped_experts is not None:
+            m = _routed_experts(w, p + "mlp.", h, c)
+        else:
+            m = _experts(w, p, h, c)
         if c.sandwich_norms or c.post_norms:
             m = _norm(m, w[p + "post_feedforward_layernorm.weight"], c)
         x = x + m
@@ -103,9 +114,9 @@ def _one_token(config: ModelConfig, w: dict, cache: list, token: int, position: 
     return logits
 
 
-def _norm(x: np.ndarray, weight: np.ndarray, c: ModelConfig) -> np.ndarray:
+def _norm(x: np.ndarray, weight: np.ndarray, c: ModelConfig, eps: float | None = None) -> np.ndarray:
     rms = np.linalg.norm(x) / math.sqrt(x.size)
-    return x / math.sqrt(rms * rms + c.rms_norm_eps) * (c.norm_weight_offset + weight)
+    return x / math.sqrt(rms * rms + (c.rms_norm_eps if eps is None else eps)) * (c.norm_weight_offset + weight)
 
 
 def _qkv(w: dict, p: str, h: np.ndarray, c: ModelConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -120,19 +131,71 @@ def _qkv(w: dict, p: str, h: np.ndarray, c: ModelConfig) -> tuple[np.ndarray, np
 
 
 def _mlp(w: dict, p: str, h: np.ndarray, c: ModelConfig) -> np.ndarray:
+    """The gated MLP whose tensors are named ``p`` + gate_proj..., p ending in "mlp." or an expert's prefix."""
     if c.fused_gate_up:
-        gate_up = w[p + "mlp.gate_up_proj.weight"] @ h
+        gate_up = w[p + "gate_up_proj.weight"] @ h
         gate, up = np.split(gate_up, 2)
     else:
-        gate = w[p + "mlp.gate_proj.weight"] @ h + w.get(p + "mlp.gate_proj.bias", 0.0)
-        up = w[p + "mlp.up_proj.weight"] @ h + w.get(p + "mlp.up_proj.bias", 0.0)
-    return w[p + "mlp.down_proj.weight"] @ (_activate(gate, c) * up) + w.get(p + "mlp.down_proj.bias", 0.0)
+        gate = w[p + "gate_proj.weight"] @ h + w.get(p + "gate_proj.bias", 0.0)
+        up = w[p + "up_proj.weight"] @ h + w.get(p + "up_proj.bias", 0.0)
+    return w[p + "down_proj.weight"] @ (_activate(gate, c) * up) + w.get(p + "down_proj.bias", 0.0)
 
 
 def _activate(gate: np.ndarray, c: ModelConfig) -> np.ndarray:
     if c.hidden_act == "silu":
         return gate / (1.0 + np.exp(-gate))
     return 0.5 * gate * (1.0 + np.tanh(math.sqrt(2 / math.pi) * (gate + 0.044715 * gate**3)))  # gelu_pytorch_tanh
+
+
+def _routed_experts(w: dict, p: str, h: np.ndarray, c: ModelConfig) -> np.ndarray:
+    """DeepSeek's sparse MLP for one token, its routing spelled out with Python sorts."""
+    moe = c.grouped_experts
+    scores = 1.0 / (1.0 + np.exp(-(w[p + "gate.weight"] @ h)))
+    choice = scores + w[p + "gate.e_score_correction_bias"]
+    size = moe.num_experts // moe.num_groups
+    group_score = [sum(sorted(choice[g * size : (g + 1) * size])[-2:]) for g in range(moe.num_groups)]
+    groups = sorted(range(moe.num_groups), key=lambda g: (-group_score[g], g))[: moe.groups_per_token]
+    candidates = [e for e in range(moe.num_experts) if e // size in groups]
+    chosen = sorted(candidates, key=lambda e: (-choice[e], e))[: moe.experts_per_token]
+    total = sum(scores[e] for e in chosen) + 1e-20 if moe.norm_topk_prob else 1.0
+    out = sum(scores[e] / total * moe.routed_scaling_factor * _mlp(w, f"{p}experts.{e}.", h, c) for e in chosen)
+    if p + "shared_experts.gate_proj.weight" in w:
+        out = out + _mlp(w, p + "shared_experts.", h, c)
+    return out
+
+
+def _latent_attend(
+    w: dict, p: str, h: np.ndarray, c: ModelConfig, rope: RopeParameters, latents: list, position: int, seq_len: int
+) -> np.ndarray:
+    """DeepSeek's latent attention for one token: [H, U]. ``latents`` keeps (normed kv, rotated key) per token,
+    and every key and value is decompressed again, per head, from the checkpoint's kv_b_proj rows."""
+    a = p + "self_attn."
+    mla = c.latent_attention
+    H, N, C = c.num_attention_heads, mla.qk_nope_head_dim, mla.kv_lora_rank
+    if mla.q_lora_rank is None:
+        q = w[a + "q_proj.weight"] @ h
+    else:
+        low = _norm(w[a + "q_a_proj.weight"] @ h + w.get(a + "q_a_proj.bias", 0.0), w[a + "q_a_layernorm.weight"], c, 1e-6)
+        q = w[a + "q_b_proj.weight"] @ low
+    q = q.reshape(H, N + mla.qk_rope_head_dim)
+    compressed = w[a + "kv_a_proj_with_mqa.weight"] @ h + w.get(a + "kv_a_proj_with_mqa.bias", 0.0)
+    rotate = _rotate_pairs if mla.rope_interleave else _rotate
+    latents.append(
+        (_norm(compressed[:C], w[a + "kv_a_layernorm.weight"], c, 1e-6), rotate(compressed[None, C:], rope, c, position, seq_len)[0])
+    )
+    q_rope = rotate(q[:, N:], rope, c, position, seq_len)
+    kv_b = w[a + "kv_b_proj.weight"].reshape(H, -1, C)  # per head: N key rows, then U value rows
+    scale = (N + mla.qk_rope_head_dim) ** -0.5
+    if rope.rope_type != "default" and rope.mscale_all_dim and rope.factor > 1:
+        scale *= (0.1 * rope.mscale_all_dim * math.log(rope.factor) + 1.0) ** 2
+    out = np.zeros((H, kv_b.shape[1] - N))
+    for head in range(H):
+        scores = np.array([scale * (q[head, :N] @ (kv_b[head, :N] @ kv) + q_rope[head] @ k_rope) for kv, k_rope in latents])
+        weights = np.exp(scores - scores.max())
+        weights /= weights.sum()
+        for weight, (kv, _) in zip(weights, latents):
+            out[head] += weight * (kv_b[head, N:] @ kv)
+    return out
 
 
 def _experts(w: dict, p: str, h: np.ndarray, c: ModelConfig) -> np.ndarray:
@@ -202,6 +265,15 @@ def _rotate(x: np.ndarray, rope: RopeParameters, c: ModelConfig, position: int, 
     pairs = x[:, :half] + 1j * x[:, half : 2 * half]
     turned = pairs * np.exp(1j * position * frequencies) * attention_factor
     return np.concatenate([turned.real, turned.imag, x[:, 2 * half :]], axis=1)
+
+
+def _rotate_pairs(x: np.ndarray, rope: RopeParameters, c: ModelConfig, position: int, seq_len: int) -> np.ndarray:
+    """Rotate adjacent dims (2i, 2i + 1) of each head [heads, R], DeepSeek's interleaved layout, in place."""
+    frequencies, attention_factor = _frequencies(rope, c.head_dim, c.max_position_embeddings, seq_len)
+    turned = (x[:, 0::2] + 1j * x[:, 1::2]) * np.exp(1j * position * frequencies) * attention_factor
+    out = np.empty_like(x)
+    out[:, 0::2], out[:, 1::2] = turned.real, turned.imag
+    return out
 
 
 def _frequencies(rope: RopeParameters, head_dim: int, max_positions: int, seq_len: int) -> tuple[np.ndarray, float]:

@@ -38,6 +38,35 @@ _BASE = dict(
     pad_token_id=0,
 )
 
+_DEEPSEEK = dict(
+    num_key_value_heads=4,  # transformers' MLA needs K = H: every head gets its own expanded key
+    q_lora_rank=24,
+    kv_lora_rank=16,
+    qk_nope_head_dim=8,
+    qk_rope_head_dim=8,
+    v_head_dim=12,
+    moe_intermediate_size=32,
+    n_routed_experts=8,
+    num_experts_per_tok=3,
+    n_group=4,
+    topk_group=2,
+    n_shared_experts=1,
+    routed_scaling_factor=2.5,
+    norm_topk_prob=True,
+    first_k_dense_replace=1,
+    rope_interleave=True,
+    rope_parameters={
+        "rope_type": "yarn",
+        "rope_theta": 10_000.0,
+        "factor": 4.0,
+        "original_max_position_embeddings": 32,
+        "mscale": 0.8,
+        "mscale_all_dim": 1.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+    },
+)
+
 # name -> (transformers config class name, config overrides, dtype the weights are saved in)
 CASES: dict[str, tuple[str, dict, str]] = {
     "llama": ("LlamaConfig", dict(rope_theta=10_000.0), "float32"),
@@ -148,6 +177,26 @@ CASES: dict[str, tuple[str, dict, str]] = {
         ),
         "float32",
     ),
+    # DeepSeek-V3: latent attention (low-rank q, interleaved RoPE, YaRN whose mscale_all_dim scales the
+    # softmax), one dense layer then experts routed in groups with a correction bias and a shared expert.
+    "deepseek_v3": ("DeepseekV3Config", dict(_DEEPSEEK, num_hidden_layers=3), "float32"),
+    # a plain q_proj, rotate-half RoPE, unnormalised weights, biases, two shared experts, one group of two kept
+    "deepseek_v3-plain-q": (
+        "DeepseekV3Config",
+        dict(
+            _DEEPSEEK,
+            q_lora_rank=None,
+            rope_interleave=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
+            norm_topk_prob=False,
+            attention_bias=True,
+            n_group=2,
+            topk_group=1,
+            n_shared_experts=2,
+            routed_scaling_factor=1.5,
+        ),
+        "float32",
+    ),
 }
 ROUTER_SPREAD = 3.0  # router weights scaled so no token's top-k is decided by float rounding
 
@@ -201,6 +250,10 @@ def build_hf_model(name: str):
                 param.mul_(ROUTER_SPREAD)
             if param_name.endswith("self_attn.sinks"):  # a logit comparable to the attention scores
                 param.copy_(torch.randn_like(param))
+        # DeepSeek's router bias starts at 0; give it values that change which experts are chosen.
+        for buffer_name, buffer in model.named_buffers():
+            if buffer_name.endswith("e_score_correction_bias"):
+                buffer.copy_(torch.randn_like(buffer) * 0.1)
     return model.eval()
 
 

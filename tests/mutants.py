@@ -8,6 +8,7 @@ must catch every one (``tests/test_oracle_mutants.py``).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 import numpy as np
@@ -20,6 +21,7 @@ from refllm.models.moe_layer import mixture_of_experts, route
 from refllm.moe_parameters import TOPK_THEN_SOFTMAX
 from refllm.nn.attention import attention_mask, softmax
 from refllm.nn.moe import softmax_then_topk, topk_then_softmax
+from refllm.nn.moe_grouped import grouped_topk_routing, sigmoid
 from refllm.nn.rope import RopeTable, rotary_dims
 from refllm.nn.softcap import soft_cap
 from refllm.runtime.llm import LLM
@@ -233,16 +235,24 @@ def _softmax_without_max(q, k, v, query_positions, scale, window=None, softcap=N
     return np.einsum("hts,she->the", weights, v).astype(q.dtype)
 
 
-class _UnshiftedSoftmax(_CacheProxy):
+class _AttendReplaced(_CacheProxy):
+    """The plain attention replaced by ``wrong``; an attend bound to its weights (DeepSeek's latent
+    attention, gpt-oss's sinks) is left as it comes, the bug being in the plain one."""
+
+    def __init__(self, inner, wrong):
+        super().__init__(inner)
+        self.wrong = wrong
+
     def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=None):
-        return self.inner.attention(layer, seq_ids, q, scale, window, softcap, _softmax_without_max)
+        attend = attend if isinstance(attend, functools.partial) else self.wrong
+        return self.inner.attention(layer, seq_ids, q, scale, window, softcap, attend)
 
 
 class SoftmaxWithoutMax(LlamaFamilyModel):
     """Softmax without subtracting the max score: large attention scores overflow to inf, then NaN."""
 
     def create_kv_cache(self, config=None):
-        return _UnshiftedSoftmax(super().create_kv_cache(config))
+        return _AttendReplaced(super().create_kv_cache(config), _softmax_without_max)
 
 
 def _softcap_after_mask(q, k, v, query_positions, scale, window=None, softcap=None):
@@ -257,16 +267,11 @@ def _softcap_after_mask(q, k, v, query_positions, scale, window=None, softcap=No
     return np.einsum("hts,she->the", softmax(scores), v).astype(q.dtype)
 
 
-class _CapAfterMask(_CacheProxy):
-    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=None):
-        return self.inner.attention(layer, seq_ids, q, scale, window, softcap, _softcap_after_mask)
-
-
 class SoftcapAfterMask(LlamaFamilyModel):
     """Gemma 2's attention soft-cap applied after the causal mask instead of before it."""
 
     def create_kv_cache(self, config=None):
-        return _CapAfterMask(super().create_kv_cache(config))
+        return _AttendReplaced(super().create_kv_cache(config), _softcap_after_mask)
 
 
 class RopeOnNopeLayers(LlamaFamilyModel):
@@ -327,6 +332,45 @@ class DroppedQkvBias(LlamaFamilyModel):
         super().__init__(config, replace(weights, layers=layers), tokenizer, *args)
 
 
+# --- DeepSeek-V3: latent cache and grouped routing ---------------------------------------------
+
+
+class _RopeKeyUnrotated(_CacheProxy):
+    def __init__(self, inner, raw_rope_key, rank):
+        super().__init__(inner)
+        self.raw_rope_key, self.rank = raw_rope_key, rank
+
+    def write(self, layer, seq_ids, k, v):
+        k = k.copy()
+        k[..., self.rank :] = self.raw_rope_key
+        self.inner.write(layer, seq_ids, k, v)
+
+
+class LatentRopeKeyCachedBeforeRope(LlamaFamilyModel):
+    """Latent attention caches its shared RoPE key before rotating it (queries are rotated)."""
+
+    def self_attention(self, layer_index, w, x, positions, cache, seq_ids):
+        if w.latent is not None:
+            rank = self.config.latent_attention.kv_lora_rank
+            compressed = self.ops.linear(x, w.latent.kv_a_proj_with_mqa, w.latent.kv_a_proj_with_mqa_bias)
+            cache = _RopeKeyUnrotated(cache, compressed[:, :, None, rank:], rank)
+        return super().self_attention(layer_index, w, x, positions, cache, seq_ids)
+
+
+def _bias_in_weights(router_logits, correction_bias, top_k, num_groups, groups_per_token, norm, scaling):
+    expert_ids, _ = grouped_topk_routing(router_logits, correction_bias, top_k, num_groups, groups_per_token, norm, scaling)
+    weights = np.take_along_axis(sigmoid(router_logits) + correction_bias, expert_ids, axis=-1)
+    if norm:
+        weights = weights / (weights.sum(axis=-1, keepdims=True) + 1e-20)
+    return expert_ids, weights * scaling
+
+
+class RoutingBiasInWeights(LlamaFamilyModel):
+    """DeepSeek's router weighs the chosen experts by score + correction bias, not the score alone."""
+
+    route_experts = staticmethod(_bias_in_weights)
+
+
 # --- mixtures of experts and attention sinks ------------------------------------------------------
 
 
@@ -340,7 +384,7 @@ class _RoutedWrong(LlamaFamilyModel):
     routing = staticmethod(route)
 
     def mlp(self, w, h):
-        if w.experts is None:
+        if w.experts is None or self.config.moe is None:  # DeepSeek-V3's router is RoutingBiasInWeights's
             return super().mlp(w, h)
         return mixture_of_experts(h, w, self.config, self.ops, self.routing)
 
@@ -505,6 +549,14 @@ def dropped_qkv_bias(checkpoint):
     return _backend(DroppedQkvBias, checkpoint)
 
 
+def latent_rope_key_cached_before_rope(checkpoint):
+    return _backend(LatentRopeKeyCachedBeforeRope, checkpoint)
+
+
+def routing_bias_in_weights(checkpoint):
+    return _backend(RoutingBiasInWeights, checkpoint)
+
+
 def router_order_swapped(checkpoint):
     return _backend(RouterOrderSwapped, checkpoint)
 
@@ -561,6 +613,8 @@ MUTANTS = [
     stray_lm_head,
     greedy_skips_last_id,
     dropped_qkv_bias,
+    latent_rope_key_cached_before_rope,
+    routing_bias_in_weights,
     router_order_swapped,
     router_not_renormalised,
     sinks_dropped,

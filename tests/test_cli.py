@@ -302,6 +302,25 @@ def test_info_shows_experts_and_active_parameters(capsys):
     assert rows["weights"].startswith(common.size(4 * c.num_parameters))  # every expert's weights
 
 
+def test_info_describes_latent_attention_and_shared_experts(capsys):
+    from tests.hf_fixtures import DATA
+
+    code, out, _ = run(capsys, "info", str(DATA / "deepseek_v3"))
+    rows = info_rows(out)
+    c = refllm.load_model(DATA / "deepseek_v3").config
+    assert code == 0
+    assert rows["architecture"] == (
+        "deepseek_v3: 3 layers, hidden size 64, MLP 96, latent attention: 4 heads, KV rank 16, query rank 24,"
+        " key dims 8 + 8 RoPE, value dims 12"
+    )
+    assert rows["experts"] == (
+        f"8 per sparse layer (2 of 3 layers), 3 per token plus 1 shared: {c.active_parameters:,} parameters"
+        f" active per token ({c.active_parameters / 1e6:.1f} M)"
+    )
+    assert c.active_parameters < c.num_parameters
+    assert rows["KV cache"].startswith("288 B per token")  # one latent of 16 + 8 per layer, no values
+
+
 def test_info_counts_the_tensor_types_of_a_gguf_file(tmp_path, capsys):
     from tests.test_gguf_source import convert
 

@@ -35,7 +35,7 @@ def make_llm(arch: str = "llama", **cache) -> LLM:
     return LLM(model_for(arch), CacheConfig(**({"block_size": 4, "num_blocks": 96} | cache)))
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3_text", "gemma2", "smollm3", "olmo2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3_text", "gemma2", "smollm3", "olmo2", "deepseek_v3"])
 def test_decode_batch_of_ragged_sequences_equals_per_sequence_decode(arch):
     rng = np.random.default_rng(0)
     prompts = {f"seq{i}": list(rng.integers(0, 64, size=n)) for i, n in enumerate([1, 3, 6, 9, 14])}

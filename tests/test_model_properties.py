@@ -20,7 +20,7 @@ def tiny_config(model_type: str, sliding_window: int | None = None) -> ModelConf
 
 ARCHITECTURES = [
     "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text", "gemma2", "smollm3", "olmo2",
-    "mixtral", "qwen3_moe", "gpt_oss",
+    "mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3",
 ]  # fmt: skip
 _MODELS = {}
 

@@ -319,8 +319,8 @@ def test_fast_ops_run_the_experts_as_the_spec_does(config_json, seed, kind):
     assert relative_error(fast, spec) <= ROUNDING_MULTIPLE * max(relative_error(spec, truth), ULP_FLOOR)
 
 
-def test_a_decode_step_reads_only_the_chosen_experts():
-    model = refllm.load_model(DATA / "mixtral")
+def weights_read_by_a_decode_step(model) -> set[int]:
+    """The ids of every weight the op set's linear reads in one decode step after a four-token prompt."""
     cache = model.create_kv_cache()
     model.prefill(np.array([[5, 9, 33, 2]]), cache, range(4))
     read = set()
@@ -332,6 +332,12 @@ def test_a_decode_step_reads_only_the_chosen_experts():
 
     model.ops = replace(model.ops, linear=recording_linear)
     model.decode(np.array([[7]]), cache)
+    return read
+
+
+def test_a_decode_step_reads_only_the_chosen_experts():
+    model = refllm.load_model(DATA / "mixtral")
+    read = weights_read_by_a_decode_step(model)
     for layer in model.weights.layers:
         touched = [e for e, expert in enumerate(layer.experts) if id(expert.gate_proj) in read]
         assert len(touched) == model.config.moe.experts_per_token  # 2 of 4: the others' weights stay unread

@@ -4,7 +4,8 @@
 contract. Under ``LLM`` (prefill, decode, decode_batch, fork, truncate,
 release), ``Engine`` (continuous batching through a small arena, with
 preemption) and the HTTP server, every logit and token must be what the model
-itself computes for the same tokens from a fresh cache.
+itself computes for the same tokens from a fresh cache. DeepSeek-V3's model runs
+the same checks: its arena holds one latent per token and no values.
 """
 
 from __future__ import annotations
@@ -13,13 +14,16 @@ import numpy as np
 import openai
 import pytest
 
+from refllm.config import ModelConfig
 from refllm.kv import CacheConfig
 from refllm.models.contract import GenerativeModel
+from refllm.models.random import random_model
 from refllm.runtime.engine import Engine
 from refllm.runtime.executor import LLMExecutor
 from refllm.runtime.llm import LLM
 from refllm.runtime.sampling import SamplingParams
 from refllm.server import BackgroundServer, create_app
+from refllm.testing.configs import tiny_config_json
 from tests.independent_model import TinyAttentionLM
 
 # The batch's rows go through BLAS together, which may sum their products in another order than a
@@ -27,8 +31,10 @@ from tests.independent_model import TinyAttentionLM
 CLOSE = dict(rtol=1e-5, atol=1e-5)
 
 
-@pytest.fixture(scope="module")
-def model() -> TinyAttentionLM:
+@pytest.fixture(scope="module", params=["independent", "deepseek_v3"])
+def model(request):
+    if request.param == "deepseek_v3":  # no end-of-sequence id, as the independent model: every run is max_tokens long
+        return random_model(ModelConfig.from_hf(tiny_config_json("deepseek_v3") | {"eos_token_id": None}), seed=3)
     return TinyAttentionLM()
 
 

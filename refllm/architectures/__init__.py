@@ -6,6 +6,7 @@ only the resulting flags.
 
 from __future__ import annotations
 
+from refllm.architectures.deepseek import read_deepseek_v3
 from refllm.architectures.gemma import read_gemma2, read_gemma3, read_gemma3_text
 from refllm.architectures.gpt_oss import read_gpt_oss
 from refllm.architectures.llama import read_llama, read_mistral, read_phi3, read_qwen
@@ -28,5 +29,6 @@ READERS = {  # config.json's model_type -> its reader
     "mixtral": read_mixtral,
     "qwen3_moe": read_qwen3_moe,
     "gpt_oss": read_gpt_oss,
+    "deepseek_v3": read_deepseek_v3,
 }
 SUPPORTED_ARCHITECTURES = tuple(READERS)

@@ -15,11 +15,12 @@ from refllm import progress
 from refllm.commands import common
 from refllm.errors import InvalidInputError
 from refllm.io.gguf import GGUFSource
-from refllm.kv import CacheConfig, CacheShape
+from refllm.kv import CacheConfig
 from refllm.kv.base import blocks_for
 from refllm.machine import cpu_name, seconds_since_start, thread_settings, vector_extensions
 from refllm.memory import available_memory, weight_bytes
 from refllm.models.contract import ModelSource
+from refllm.models.llama import cache_shape_for
 from refllm.quant.linear import QuantizedTensor
 from refllm.runtime.llm import LLM
 
@@ -32,7 +33,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     context = args.context or c.context_length
     if context > c.context_length:
         raise InvalidInputError(f"--context {context} is longer than {args.model}'s context of {c.context_length}")
-    kv_per_token = CacheShape(c.num_hidden_layers, c.num_key_value_heads, c.head_dim).bytes_per_token
+    kv_per_token = cache_shape_for(c).bytes_per_token
     block_size = CacheConfig().block_size
     kv = blocks_for(context, block_size) * block_size * kv_per_token
     weights = weight_bytes(source, quantized=False)
@@ -43,10 +44,10 @@ def cmd_info(args: argparse.Namespace) -> int:
         "model": args.model,
         "architecture": (
             f"{c.model_type}: {c.num_hidden_layers} layers, hidden size {c.hidden_size}, MLP {c.intermediate_size},"
-            f" {c.num_attention_heads} query / {c.num_key_value_heads} KV heads of {c.head_dim}"
+            f" {_attention(c)}"
         ),
         "parameters": f"{c.num_parameters:,} ({c.num_parameters / 1e6:.1f} M)",
-        **({} if c.moe is None else {"experts": _experts(c)}),
+        **({} if c.experts is None else {"experts": _experts(c)}),
         "vocabulary": f"{c.vocab_size:,} tokens",
         "context": f"{c.context_length:,} tokens",
         "file": file,
@@ -68,12 +69,27 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _attention(c) -> str:
+    """The attention's heads and widths: query and KV heads, or latent attention's ranks (DeepSeek-V3)."""
+    latent = c.latent_attention
+    if latent is None:
+        return f"{c.num_attention_heads} query / {c.num_key_value_heads} KV heads of {c.head_dim}"
+    query = "full-rank queries" if latent.q_lora_rank is None else f"query rank {latent.q_lora_rank}"
+    return (
+        f"latent attention: {c.num_attention_heads} heads, KV rank {latent.kv_lora_rank}, {query},"
+        f" key dims {latent.qk_nope_head_dim} + {latent.qk_rope_head_dim} RoPE, value dims {latent.v_head_dim}"
+    )
+
+
 def _experts(c) -> str:
     """A mixture of experts' row: experts per sparse layer, experts per token, parameters one token reads."""
+    experts = c.experts
     sparse = sum(c.is_sparse(layer) for layer in range(c.num_hidden_layers))
+    shared = 0 if c.grouped_experts is None else c.grouped_experts.num_shared_experts  # every token runs them
     return (
-        f"{c.moe.num_experts} per sparse layer ({sparse} of {c.num_hidden_layers} layers), {c.moe.experts_per_token}"
-        f" per token: {c.active_parameters:,} parameters active per token ({c.active_parameters / 1e6:.1f} M)"
+        f"{experts.num_experts} per sparse layer ({sparse} of {c.num_hidden_layers} layers), {experts.experts_per_token}"
+        f" per token{f' plus {shared} shared' if shared else ''}:"
+        f" {c.active_parameters:,} parameters active per token ({c.active_parameters / 1e6:.1f} M)"
     )
 
 

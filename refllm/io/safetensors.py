@@ -163,7 +163,8 @@ class HFDirectorySource:
         except ConfigError as e:
             raise ConfigError(f"{config_file}: {e}") from None
         self.checkpoint = SafetensorsCheckpoint(directory)
-        check_layer_count(self.config.num_hidden_layers, self.checkpoint.names(), str(config_file))
+        unused_layers = self.config.unused_layers
+        check_layer_count(self.config.num_hidden_layers, self.checkpoint.names(), str(config_file), unused_layers)
         self.tokenizer = Tokenizer.from_directory(directory)
 
     def tensor_names(self) -> list[str]:

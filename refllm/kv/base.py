@@ -70,17 +70,27 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class CacheShape:
-    """The per-token shape of what a cache stores: [layers, kv_heads, head_dim] in ``dtype``."""
+    """The per-token shape of what a cache stores: keys [layers, kv_heads, head_dim] in ``dtype``, and
+    values [layers, kv_heads, value_dim].
+
+    ``value_dim`` None means head_dim. Latent attention (DeepSeek) caches one latent per token as a
+    single key "head" of width C + P and no values: ``value_dim`` 0.
+    """
 
     num_layers: int
     num_kv_heads: int
     head_dim: int
     dtype: str = "float32"
+    value_dim: int | None = None
+
+    @property
+    def value_width(self) -> int:
+        return self.head_dim if self.value_dim is None else self.value_dim
 
     @property
     def bytes_per_token(self) -> int:
         itemsize = np.dtype(self.dtype).itemsize
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * itemsize  # keys and values
+        return self.num_layers * self.num_kv_heads * (self.head_dim + self.value_width) * itemsize
 
 
 class KVCache(ABC):
@@ -108,7 +118,7 @@ class KVCache(ABC):
 
     @abstractmethod
     def write(self, layer: int, seq_ids: Sequence[int], k: np.ndarray, v: np.ndarray) -> None:
-        """k, v: [B, T, K, E] for positions length .. length + T - 1 of each sequence."""
+        """k: [B, T, K, E], v: [B, T, K, value_width] for positions length .. length + T - 1 of each sequence."""
 
     @abstractmethod
     def attention(
@@ -124,7 +134,8 @@ class KVCache(ABC):
         """q: [B, T, H, E] at positions length + t -> [B, T, H, E], over every key up to its position.
 
         attend: ``(q [T, H, E], k, v [S, K, E], query_positions [T], scale, window, softcap) -> [T, H, E]``,
-        called once per sequence with its keys and values; None: the cache's own attention.
+        called once per sequence with its keys and values; None: the cache's own attention. An ``attend``
+        may take queries and give outputs of other widths (latent attention's [T, H, N + P] -> [T, H, U]).
         """
 
     @abstractmethod

@@ -29,7 +29,7 @@ class BatchView(NamedTuple):
 def write_blocks(
     keys: np.ndarray, values: np.ndarray, slots: np.ndarray, k: np.ndarray, v: np.ndarray, use_kernels: bool
 ) -> None:
-    """Store k, v [B, T, K, E] at ``slots`` [B, T]."""
+    """Store k [B, T, K, E] and v [B, T, K, value width] at ``slots`` [B, T]."""
     if use_kernels:
         load_kernels().write_kv(keys, values, slots, _as_f32(k), _as_f32(v))
     else:
@@ -69,17 +69,18 @@ def _gathered_attention(
     num_new = q.shape[1]
     block_size = keys.shape[1]
     key_slots, value_slots = _slots(keys), _slots(values)  # [N * Z, K, E]
-    out = np.empty_like(q)
+    out = []
     for row, (table, length) in enumerate(zip(view.block_tables, view.lengths)):
         positions = np.arange(length + num_new)
         slots = table[positions // block_size] * block_size + positions % block_size
-        out[row] = attend(q[row], key_slots[slots], value_slots[slots], positions[length:], scale, window, softcap)
-    return out
+        out.append(attend(q[row], key_slots[slots], value_slots[slots], positions[length:], scale, window, softcap))
+    return np.stack(out)
 
 
 def _slots(layer_blocks: np.ndarray) -> np.ndarray:
     """[N, Z, K, E] -> [N * Z, K, E], a view: slot block * Z + offset holds one position."""
-    return layer_blocks.reshape(-1, *layer_blocks.shape[2:])
+    num_blocks, block_size = layer_blocks.shape[:2]  # not -1: an arena without values has size 0
+    return layer_blocks.reshape(num_blocks * block_size, *layer_blocks.shape[2:])
 
 
 def _as_f32(x: np.ndarray) -> np.ndarray:

@@ -70,8 +70,11 @@ class ContiguousKVCache(KVCache):
                 self._grow(seq, max(seq.length + num_new, 2 * seq.capacity))
 
     def _empty(self, capacity: int) -> _Sequence:
-        shape = (self.shape.num_layers, capacity, self.shape.num_kv_heads, self.shape.head_dim)
-        return _Sequence(np.zeros(shape, self.shape.dtype), np.zeros(shape, self.shape.dtype))
+        shape = (self.shape.num_layers, capacity, self.shape.num_kv_heads)
+        return _Sequence(
+            np.zeros((*shape, self.shape.head_dim), self.shape.dtype),
+            np.zeros((*shape, self.shape.value_width), self.shape.dtype),
+        )
 
     def _grow(self, seq: _Sequence, capacity: int) -> None:
         bigger = self._empty(capacity)
@@ -98,13 +101,13 @@ class ContiguousKVCache(KVCache):
     ) -> np.ndarray:
         attend = attend or spec_attention  # no kernel of its own
         num_new = q.shape[1]
-        out = np.empty_like(q)
+        out = []
         for row, seq_id in enumerate(seq_ids):
             seq = self._sequences[seq_id]
             end = seq.length + num_new  # the written-but-uncommitted chunk is attended too
             positions = np.arange(seq.length, end)
-            out[row] = attend(q[row], seq.k[layer, :end], seq.v[layer, :end], positions, scale, window, softcap)
-        return out
+            out.append(attend(q[row], seq.k[layer, :end], seq.v[layer, :end], positions, scale, window, softcap))
+        return np.stack(out)
 
     def commit(self, seq_ids: Sequence[int], num_new: int) -> None:
         for seq_id in seq_ids:

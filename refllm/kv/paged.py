@@ -84,10 +84,11 @@ class PagedKVArena(KVCache):
         self.config = config
         self.block_size = config.block_size
         self.num_blocks = self._arena_blocks(shape, config, max_context)
-        arena_shape = (shape.num_layers, self.num_blocks, self.block_size, shape.num_kv_heads, shape.head_dim)
-        self.k = np.zeros(arena_shape, shape.dtype)  # [L, N, Z, K, E]
-        self.v = np.zeros(arena_shape, shape.dtype)
-        self._kernels_read = self.k.dtype == np.float32
+        arena_shape = (shape.num_layers, self.num_blocks, self.block_size, shape.num_kv_heads)
+        self.k = np.zeros((*arena_shape, shape.head_dim), shape.dtype)  # [L, N, Z, K, E]
+        self.v = np.zeros((*arena_shape, shape.value_width), shape.dtype)
+        # the kernels read float32 keys and values of one width; latent attention's arena has no values
+        self._kernels_read = self.k.dtype == np.float32 and shape.value_width == shape.head_dim
         if self._kernels_read:
             load_kernels()  # imported with the first float32 arena: import refllm loads no Numba
         self._pool = BlockPool(self.num_blocks)
@@ -201,13 +202,19 @@ class PagedKVArena(KVCache):
         seq.blocks[index] = private
 
     def write(self, layer: int, seq_ids: Sequence[int], k: np.ndarray, v: np.ndarray) -> None:
-        """k, v: [B, T, K, E] for positions length .. length + T - 1, stored through the slot mapping."""
+        """k: [B, T, K, E], v: [B, T, K, value width] for positions length .. length + T - 1, stored through
+        the slot mapping."""
         self._check_layer(layer)
-        num_kv_heads, head_dim = self.shape.num_kv_heads, self.shape.head_dim
-        if k.ndim != 4 or k.shape != v.shape or k.shape[0] != len(seq_ids) or k.shape[2:] != (num_kv_heads, head_dim):
+        num_kv_heads, head_dim, value_width = self.shape.num_kv_heads, self.shape.head_dim, self.shape.value_width
+        if (
+            k.ndim != 4
+            or k.shape[0] != len(seq_ids)
+            or k.shape[2:] != (num_kv_heads, head_dim)
+            or v.shape != (*k.shape[:3], value_width)
+        ):
             raise ValueError(
-                f"k and v must both be [B, T, K, E] with B={len(seq_ids)}, K={num_kv_heads}, E={head_dim};"
-                f" got {k.shape} and {v.shape}"
+                f"k and v must be [B, T, K, E] and [B, T, K, {value_width}] with B={len(seq_ids)}, K={num_kv_heads},"
+                f" E={head_dim}; got {k.shape} and {v.shape}"
             )
         view = self._batch_view(seq_ids, k.shape[1])
         write_blocks(self.k[layer], self.v[layer], view.slots, k, v, self._kernels_read)
@@ -225,7 +232,8 @@ class PagedKVArena(KVCache):
         """q: [B, T, H, E] at positions length + t -> [B, T, H, E]: one decode or prefill-chunk kernel call,
         or ``attend`` (the spec's attention for a float64 arena) over each sequence's gathered keys."""
         self._check_layer(layer)
-        if q.ndim != 4 or q.shape[0] != len(seq_ids) or q.shape[3] != self.shape.head_dim:
+        width_fits = attend is not None or q.shape[-1] == self.shape.head_dim  # an attend may take other widths
+        if q.ndim != 4 or q.shape[0] != len(seq_ids) or not width_fits:
             raise ValueError(f"q must be [B={len(seq_ids)}, T, H, E={self.shape.head_dim}], not {q.shape}")
         if q.shape[2] % self.shape.num_kv_heads:
             raise ValueError(f"{q.shape[2]} query heads do not split into {self.shape.num_kv_heads} KV groups")

@@ -1,4 +1,5 @@
-"""LlamaFamilyModel: one forward pass for Llama, Mistral, Qwen2/3, Phi-3, Gemma 2/3, SmolLM3 and OLMo 2.
+"""LlamaFamilyModel: one forward pass for Llama, Mistral, Qwen2/3, Phi-3, Gemma 2/3, SmolLM3, OLMo 2,
+the mixtures of experts (Mixtral, Qwen3-MoE, gpt-oss) and DeepSeek-V3.
 
 The architectures differ only by flags in ``ModelConfig``; ``_forward`` follows
 one token's path and each step is a call into the model's op set
@@ -12,13 +13,15 @@ set's attention or, for ``fast``, the cache's own kernels.
                         -> output projection -> (post-attention norm) -> residual
                         -> norm -> MLP (or mixture of experts) -> (post-MLP norm) -> residual
         -> final norm -> LM head -> (soft-cap) -> logits
+
+DeepSeek-V3 swaps two blocks (``refllm/models/deepseek.py``): latent attention for
+the q/k/v attention, and in its sparse layers routed experts for the MLP.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import fields
 from typing import Any
 
 import numpy as np
@@ -27,10 +30,12 @@ from refllm.config import ModelConfig
 from refllm.errors import ContextLengthError, InvalidInputError, PositionError, TokenOutOfRangeError
 from refllm.kv import CacheConfig, CacheShape, KVCache, create_cache
 from refllm.models.contract import ModelMetadata, ModelSource
+from refllm.models.deepseek import grouped_experts_mlp, latent_self_attention
 from refllm.models.moe_layer import mixture_of_experts
 from refllm.models.ops import SPEC_OPS, OpSet, fast_ops
-from refllm.models.weights import LayerWeights, ModelWeights, assemble
+from refllm.models.weights import LayerWeights, ModelWeights, assemble, weight_leaves
 from refllm.nn.attention import attention as spec_attention
+from refllm.nn.moe_grouped import grouped_topk_routing
 from refllm.nn.residual import residual_block
 from refllm.nn.rope import RopeTable
 from refllm.nn.softcap import soft_cap
@@ -47,6 +52,8 @@ class LlamaFamilyModel:
 
     supports_decode_all_logits = True
     supports_hidden_states = True
+    # DeepSeek-V3's router, (router_logits [T, X], correction_bias [X], ...) -> (expert_ids, expert_weights)
+    route_experts = staticmethod(grouped_topk_routing)
 
     def __init__(
         self,
@@ -93,8 +100,7 @@ class LlamaFamilyModel:
 
     @property
     def cache_shape(self) -> CacheShape:
-        c = self.config
-        return CacheShape(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, self.dtype.name)
+        return cache_shape_for(self.config, self.dtype.name)
 
     def create_kv_cache(self, config: CacheConfig | None = None) -> KVCache:
         return create_cache(self.cache_shape, config or CacheConfig(), self.config.context_length)
@@ -201,6 +207,8 @@ class LlamaFamilyModel:
 
     def mlp(self, w: LayerWeights, h: np.ndarray) -> np.ndarray:
         """h: [B, T, D] (normed) -> [B, T, D]: the gated MLP, or a sparse layer's mixture of experts."""
+        if w.experts is not None and self.config.grouped_experts is not None:
+            return grouped_experts_mlp(self, w, h)  # DeepSeek-V3: its own router, plus shared experts
         if w.experts is not None:
             return mixture_of_experts(h, w, self.config, self.ops)
         # refllm.nn.mlp.gated_mlp, one op at a time: down(act(gate(h)) * up(h))
@@ -213,6 +221,8 @@ class LlamaFamilyModel:
     ) -> np.ndarray:
         """x: [B, T, D] (normed, unless post-norms) -> attention output projected back to [B, T, D]."""
         c, ops = self.config, self.ops
+        if w.latent is not None:
+            return latent_self_attention(self, layer_index, w.latent, x, positions, cache, seq_ids)
         B, T, _ = x.shape
         q = ops.linear(x, w.q_proj, w.q_proj_bias)  # [B, T, H*E]
         k = ops.linear(x, w.k_proj, w.k_proj_bias)  # [B, T, K*E]
@@ -297,6 +307,15 @@ class LlamaFamilyModel:
             raise ContextLengthError(f"position {pos.stop - 1} is past the context length {self.config.context_length}")
 
 
+def cache_shape_for(config: ModelConfig, dtype: str = "float32") -> CacheShape:
+    """What a KV cache stores per token for ``config``: K keys and values of E per layer, or for latent
+    attention one latent of C + P per layer (a single key "head", no values)."""
+    c = config
+    if c.latent_attention is not None:
+        return CacheShape(c.num_hidden_layers, 1, c.latent_attention.cache_width, dtype, value_dim=0)
+    return CacheShape(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, dtype)
+
+
 def dtype_name(dtype: Any) -> str:
     """"float32" or "float64" from any spelling NumPy reads ("float64", np.float64, np.dtype("f8"))."""
     try:
@@ -321,10 +340,7 @@ def _check_dtype(dtype: Any, weights: ModelWeights) -> np.dtype:
 
 
 def _spec_ops_for(weights: ModelWeights) -> OpSet:
-    experts = [expert for layer in weights.layers for expert in layer.experts or ()]
-    layer_arrays = [getattr(layer, f.name) for layer in weights.layers for f in fields(layer) if f.name != "experts"]
-    layer_arrays += [getattr(expert, f.name) for expert in experts for f in fields(expert)]
-    if any(not isinstance(a, (np.ndarray, type(None))) for a in [weights.lm_head, *layer_arrays]):
+    if any(not isinstance(a, np.ndarray) for a in weight_leaves(weights)):
         raise ModelDtypeError("the spec ops read dequantized weights; load the model without quantized=True")
     return SPEC_OPS
 

@@ -27,23 +27,29 @@ def route(router_logits: np.ndarray, moe: MoeParameters) -> tuple[np.ndarray, np
     return softmax_then_topk(router_logits, moe.experts_per_token, moe.norm_topk_prob)
 
 
-def mixture_of_experts(
-    h: np.ndarray, w: LayerWeights, config: ModelConfig, ops: OpSet, routing: Callable = route
-) -> np.ndarray:
-    """h: [B, T, D] (normed), w: a sparse layer's weights -> [B, T, D]. ``routing``: as ``route``."""
+def expert_mlp_through(ops: OpSet, config: ModelConfig) -> Callable[[np.ndarray, Expert], np.ndarray]:
+    """An expert's MLP through ``ops``: ``refllm.nn.mlp.gated_mlp`` one op at a time, its gate the
+    config's activation or gpt-oss's clamped SwiGLU. (rows [N, D], expert) -> [N, D]."""
     moe = config.moe
-    x = h.reshape(-1, h.shape[-1])  # [B*T, D]: routing is per token
-    expert_ids, expert_weights = routing(ops.linear(x, w.router, w.router_bias), moe)
 
     def gate(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-        if moe.swiglu_limit is not None:
+        if moe is not None and moe.swiglu_limit is not None:
             return clamped_swiglu(gate, up, moe.swiglu_alpha, moe.swiglu_limit)
         return ops.gated(gate, up, config.hidden_act)
 
     def expert_mlp(rows: np.ndarray, expert: Expert) -> np.ndarray:
-        """refllm.nn.mlp.gated_mlp, one op at a time."""
         gate_out = ops.linear(rows, expert.gate_proj, expert.gate_proj_bias)
         hidden = gate(gate_out, ops.linear(rows, expert.up_proj, expert.up_proj_bias))
         return ops.linear(hidden, expert.down_proj, expert.down_proj_bias)
 
+    return expert_mlp
+
+
+def mixture_of_experts(
+    h: np.ndarray, w: LayerWeights, config: ModelConfig, ops: OpSet, routing: Callable = route
+) -> np.ndarray:
+    """h: [B, T, D] (normed), w: a sparse layer's weights -> [B, T, D]. ``routing``: as ``route``."""
+    x = h.reshape(-1, h.shape[-1])  # [B*T, D]: routing is per token
+    expert_ids, expert_weights = routing(ops.linear(x, w.router, w.router_bias), config.moe)
+    expert_mlp = expert_mlp_through(ops, config)
     return experts_forward(x, expert_ids, expert_weights, w.experts, expert_mlp).reshape(h.shape)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from refllm.nn.attention import attention
 from refllm.nn.embedding import embed
+from refllm.nn.latent_attention import absorbed_latent_attention, latent_attention
 from refllm.nn.linear import linear
 from refllm.nn.mlp import gated
 from refllm.nn.norm import rms_norm
@@ -47,6 +48,8 @@ class OpSet:
     # called by the cache on each sequence's keys; None: the cache attends with its own kernels.
     attention: Callable | None
     running: Callable[[], AbstractContextManager]  # entered around each forward pass
+    # DeepSeek-V3's attention over cached latents: attention's signature plus kv_b_proj and nope_dim
+    latent_attention: Callable = latent_attention
 
 
 SPEC_OPS = OpSet(
@@ -79,4 +82,5 @@ def fast_ops() -> OpSet:
         gated=gated_kernel,
         attention=None,
         running=computing,
+        latent_attention=absorbed_latent_attention,  # kv_b_proj folded into query and output
     )

@@ -16,6 +16,14 @@ import numpy as np
 
 from refllm.config import ModelConfig
 from refllm.errors import MissingTensorError, WeightError
+from refllm.models.deepseek_weights import (
+    LatentAttentionWeights,
+    deepseek_view,
+    grouped_experts_shapes,
+    grouped_experts_weights,
+    latent_attention_shapes,
+    latent_attention_weights,
+)
 from refllm.models.expert_weights import (
     expert_layout,
     sparse_layer_shapes,
@@ -29,6 +37,7 @@ class LayerWeights:
     """One decoder layer. Projections are [out, in], as checkpoints store them.
 
     A sparse (mixture-of-experts) layer has ``router`` and ``experts`` instead of gate/up/down_proj.
+    DeepSeek-V3's layers hold ``latent`` instead of q/k/v/o_proj (those fields are then None).
     """
 
     input_layernorm: np.ndarray | None  # [D]; None under post-norms (OLMo 2)
@@ -55,6 +64,9 @@ class LayerWeights:
     router: np.ndarray | None = None  # [X, D]
     router_bias: np.ndarray | None = None  # [X]
     experts: list[Expert] | None = None
+    latent: LatentAttentionWeights | None = None  # DeepSeek-V3's attention, in place of q/k/v/o_proj
+    router_correction_bias: np.ndarray | None = None  # [X], DeepSeek-V3's e_score_correction_bias
+    shared_experts: Expert | None = None  # DeepSeek-V3's shared experts, one MLP every token runs
 
 
 @dataclass
@@ -81,22 +93,18 @@ def checkpoint_shapes(config: ModelConfig, layout: str | None = None) -> dict[st
         shapes["lm_head.weight"] = (V, D)
     for i in range(config.num_hidden_layers):
         attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
-        if config.fused_qkv:
-            shapes[attn + "qkv_proj.weight"] = ((H + 2 * K) * E, D)
+        if config.latent_attention is not None:
+            shapes |= latent_attention_shapes(config, i)
         else:
-            shapes |= {attn + "q_proj.weight": (H * E, D), attn + "k_proj.weight": (K * E, D)}
-            shapes[attn + "v_proj.weight"] = (K * E, D)
-        shapes[attn + "o_proj.weight"] = (D, H * E)
-        if config.qkv_bias:
-            shapes |= {attn + "q_proj.bias": (H * E,), attn + "k_proj.bias": (K * E,), attn + "v_proj.bias": (K * E,)}
-        if config.o_proj_bias:
-            shapes[attn + "o_proj.bias"] = (D,)
+            shapes |= _attention_shapes(config, attn)
         if config.qk_norm:
             q_norm, k_norm = ((H * E,), (K * E,)) if config.qk_norm_whole else ((E,), (E,))
             shapes |= {attn + "q_norm.weight": q_norm, attn + "k_norm.weight": k_norm}
         if config.attention_sinks:
             shapes[attn + "sinks"] = (H,)
-        if config.is_sparse(i):
+        if config.grouped_experts is not None and config.is_sparse(i):
+            shapes |= grouped_experts_shapes(config, i)
+        elif config.is_sparse(i):
             shapes |= sparse_layer_shapes(config, i, layout or expert_layout(config, ()))
         elif config.fused_gate_up:
             shapes[mlp + "gate_up_proj.weight"] = (2 * F, D)
@@ -113,6 +121,21 @@ def checkpoint_shapes(config: ModelConfig, layout: str | None = None) -> dict[st
             norms = ["post_attention_layernorm", "post_feedforward_layernorm"]
         for norm in norms:
             shapes[f"model.layers.{i}.{norm}.weight"] = (D,)
+    return shapes
+
+
+def _attention_shapes(config: ModelConfig, attn: str) -> dict[str, tuple[int, ...]]:
+    """q/k/v/o projections (Phi-3's fused qkv) and their biases, names after ``attn``."""
+    D, E, H, K = config.hidden_size, config.head_dim, config.num_attention_heads, config.num_key_value_heads
+    if config.fused_qkv:
+        shapes = {attn + "qkv_proj.weight": ((H + 2 * K) * E, D)}
+    else:
+        shapes = {attn + "q_proj.weight": (H * E, D), attn + "k_proj.weight": (K * E, D), attn + "v_proj.weight": (K * E, D)}
+    shapes[attn + "o_proj.weight"] = (D, H * E)
+    if config.qkv_bias:
+        shapes |= {attn + "q_proj.bias": (H * E,), attn + "k_proj.bias": (K * E,), attn + "v_proj.bias": (K * E,)}
+    if config.o_proj_bias:
+        shapes[attn + "o_proj.bias"] = (D,)
     return shapes
 
 
@@ -137,6 +160,7 @@ def assemble(config: ModelConfig, source, dtype=np.float32) -> ModelWeights:
 
     Float tensors come out in ``dtype``; a quantized matrix (a ``QuantizedTensor``) stays in its blocks.
     """
+    source = deepseek_view(config, source)
     available = {}
     for stored in source.tensor_names():
         name = canonical_name(stored)
@@ -174,7 +198,9 @@ def _from_tensors(config: ModelConfig, tensors: dict[str, np.ndarray], layout: s
         def get(suffix: str) -> np.ndarray | None:
             return tensors.get(prefix + suffix)
 
-        if config.fused_qkv:
+        if config.latent_attention is not None:
+            q = k = v = None  # in ``latent``
+        elif config.fused_qkv:
             # Phi-3: rows [q | k | v] of one projection; row slices are views, no copy.
             qkv = get("self_attn.qkv_proj.weight")
             q, k, v = qkv[: H * E], qkv[H * E : (H + K) * E], qkv[(H + K) * E :]
@@ -185,8 +211,10 @@ def _from_tensors(config: ModelConfig, tensors: dict[str, np.ndarray], layout: s
             gate, up = gate_up[:F], gate_up[F:]
         else:
             gate, up = get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")
-        router = router_bias = experts = None
-        if config.is_sparse(i):
+        router = router_bias = experts = correction_bias = shared_experts = None
+        if config.grouped_experts is not None and config.is_sparse(i):
+            router, correction_bias, experts, shared_experts = grouped_experts_weights(config, get)
+        elif config.is_sparse(i):
             router, router_bias, experts = sparse_layer_weights(config, i, layout, tensors.get)
         layers.append(
             LayerWeights(
@@ -214,6 +242,9 @@ def _from_tensors(config: ModelConfig, tensors: dict[str, np.ndarray], layout: s
                 router=router,
                 router_bias=router_bias,
                 experts=experts,
+                latent=latent_attention_weights(config, get) if config.latent_attention else None,
+                router_correction_bias=correction_bias,
+                shared_experts=shared_experts,
             )
         )
     embed = tensors["model.embed_tokens.weight"]
@@ -228,11 +259,9 @@ def weight_format(array: Any) -> str:
     return {"float32": "F32", "float64": "F64", "float16": "F16"}.get(array.dtype.name, array.dtype.name.upper())
 
 
-def weight_bytes_by_format(weights: Any) -> dict[str, int]:
-    """Bytes of a model's weights (a ModelWeights, or any dataclass of arrays and lists of them) by format.
-
-    An array reached twice (a tied embedding and LM head) counts once.
-    """
+def weight_leaves(weights: Any) -> list[Any]:
+    """Every array (or QuantizedTensor) of a ModelWeights, or any dataclass of them, lists and tuples
+    followed; an array reached twice (a tied embedding and LM head) is listed once."""
     seen: dict[int, Any] = {}
 
     def visit(value: Any) -> None:
@@ -246,7 +275,15 @@ def weight_bytes_by_format(weights: Any) -> dict[str, int]:
                 visit(getattr(value, field.name))
 
     visit(weights)
+    return list(seen.values())
+
+
+def weight_bytes_by_format(weights: Any) -> dict[str, int]:
+    """Bytes of a model's weights (a ModelWeights, or any dataclass of arrays and lists of them) by format.
+
+    An array reached twice (a tied embedding and LM head) counts once.
+    """
     totals: dict[str, int] = {}
-    for array in seen.values():
+    for array in weight_leaves(weights):
         totals[weight_format(array)] = totals.get(weight_format(array), 0) + array.nbytes
     return dict(sorted(totals.items(), key=lambda item: -item[1]))

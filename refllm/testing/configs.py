@@ -43,7 +43,26 @@ CLASS_NAMES = {  # the transformers causal-LM class of each architecture, for co
     "mixtral": "MixtralForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
 }
+
+# DeepSeek-V3's latent attention and grouped experts, tiny; transformers' MLA needs K = H.
+DEEPSEEK_TINY = dict(
+    num_key_value_heads=4,
+    q_lora_rank=12,
+    kv_lora_rank=8,
+    qk_nope_head_dim=4,
+    qk_rope_head_dim=4,
+    v_head_dim=6,
+    moe_intermediate_size=16,
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    n_group=4,
+    topk_group=2,
+    n_shared_experts=1,
+    routed_scaling_factor=2.5,
+    first_k_dense_replace=1,
+)
 
 
 def tiny_config_json(model_type: str, sliding_window: int = 5) -> dict[str, Any]:
@@ -91,5 +110,6 @@ def tiny_config_json(model_type: str, sliding_window: int = 5) -> dict[str, Any]
             rope_parameters={"rope_type": "yarn", "rope_theta": 150_000.0, "factor": 2.0, "truncate": False,
                              "original_max_position_embeddings": 32},
         ),
+        "deepseek_v3": DEEPSEEK_TINY,
     }[model_type]
     return base | extra

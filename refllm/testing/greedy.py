@@ -47,10 +47,15 @@ def top_candidates(logits: np.ndarray, n: int) -> np.ndarray:
     return np.argsort(-np.asarray(logits), axis=-1, kind="stable")[..., :n]
 
 
-def greedy_tokens(backend, prompt: Sequence[int], new_tokens: int, top_n: int) -> tuple[list[int], np.ndarray]:
-    """Greedy continuation of ``prompt`` -> (tokens [N], top candidates at each step [N, top_n])."""
+def greedy_tokens(
+    backend, prompt: Sequence[int], new_tokens: int, top_n: int, cached: bool | None = None
+) -> tuple[list[int], np.ndarray]:
+    """Greedy continuation of ``prompt`` -> (tokens [N], top candidates at each step [N, top_n]).
+
+    ``cached``: decode through a cache id (the default where the backend has them), else run the whole
+    sequence again at every step."""
     tokens, tops = [], []
-    if backend.has_cache_ids:
+    if backend.has_cache_ids if cached is None else cached:
         logits = backend.prefill(0, list(prompt))
         try:
             for step in range(new_tokens):
@@ -80,7 +85,10 @@ def compare_greedy_outputs(
 
 
 def compare_greedy(a, b, prompt: Sequence[int], new_tokens: int, top_n: int) -> GreedyComparison:
-    """Greedy-decode ``prompt`` on two backends and compare under the near-tie rule."""
+    """Greedy-decode ``prompt`` on two backends and compare under the near-tie rule.
+
+    ``b`` decodes the way ``a`` can: through a cache, or the whole sequence at every step (which on a
+    dynamic-NTK model rotates every key anew, as a cache does not; ``history.py``)."""
     tokens_a, top_a = greedy_tokens(a, prompt, new_tokens, top_n)
-    tokens_b, top_b = greedy_tokens(b, prompt, new_tokens, top_n)
+    tokens_b, top_b = greedy_tokens(b, prompt, new_tokens, top_n, cached=a.has_cache_ids)
     return compare_greedy_outputs(tokens_a, top_a, tokens_b, top_b, top_n)

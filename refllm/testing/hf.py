@@ -150,6 +150,7 @@ def transformers_backend(checkpoint) -> TransformersBackend:
     tensors = checkpoint.tensors
     if checkpoint.config.tie_word_embeddings:  # tied: the head is the embedding table; a stray lm_head is ignored
         tensors.pop("lm_head.weight", None)
+    tensors = fuse_experts(tensors, set(model.state_dict()))
     state = {name: torch.from_numpy(np.array(array)) for name, array in tensors.items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [m for m in missing if not (m == "lm_head.weight" and config.tie_word_embeddings)]
@@ -160,3 +161,21 @@ def transformers_backend(checkpoint) -> TransformersBackend:
     if config.tie_word_embeddings:
         model.tie_weights()
     return TransformersBackend(model, f"transformers {type(model).__name__}")
+
+
+def fuse_experts(tensors: dict[str, np.ndarray], wanted: set[str]) -> dict[str, np.ndarray]:
+    """Per-expert tensors (``mlp.experts.{e}.gate_proj.weight``, as checkpoints store them) stacked into the 3-D
+    ``mlp.experts.gate_up_proj`` [X, 2F, D] and ``mlp.experts.down_proj`` [X, D, F] a transformers model
+    holds, where ``wanted`` (its state dict's names) asks for them."""
+    fused = dict(tensors)
+    for name in wanted:
+        prefix, _, kind = name.rpartition(".")
+        if name in tensors or not prefix.endswith("mlp.experts") or kind not in ("gate_up_proj", "down_proj"):
+            continue
+        parts = ("gate_proj", "up_proj") if kind == "gate_up_proj" else ("down_proj",)
+        experts = []
+        while f"{prefix}.{len(experts)}.{parts[0]}.weight" in tensors:
+            e = len(experts)
+            experts.append(np.concatenate([fused.pop(f"{prefix}.{e}.{part}.weight") for part in parts]))
+        fused[name] = np.stack(experts)
+    return fused

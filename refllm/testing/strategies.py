@@ -6,8 +6,8 @@ RoPE bases and scaling variants, partial rotary dims, sliding windows shorter
 than the inputs, biases, q/k norms, tied embeddings, Gemma's soft-capping and
 layer-type patterns, SmolLM3's NoPE layers, OLMo 2's post-norms, mixture-of-experts
 routing (experts, experts per token, renormalisation, dense layers among sparse ones,
-gpt-oss's router bias, sinks and clamp), and RMSNorm epsilons large enough that
-misplacing one shows in the logits.
+gpt-oss's router bias, sinks and clamp), DeepSeek-V3's latent attention and grouped
+routing, and RMSNorm epsilons large enough that misplacing one shows in the logits.
 
 ``hf_configs()`` draws ``config.json`` dicts that both refllm and transformers
 read; ``checkpoints()`` adds seeded random weights, their scale drawn over
@@ -63,6 +63,8 @@ def hf_configs(draw, architectures: tuple[str, ...] = ARCHITECTURES, long_horizo
     heads = kv_heads * draw(st.integers(1, 3))  # GQA ratios 1, 2, 3 (and multi-query)
     head_dim = draw(st.sampled_from([4, 8, 12, 16]))
     layers = draw(st.integers(1, 2))
+    if model_type == "deepseek_v3":
+        kv_heads = heads  # transformers' latent attention expands one key per query head
     if model_type in ("phi3", "qwen2"):
         hidden = heads * head_dim  # these derive head_dim from hidden / heads
     else:  # a head dim of its own; transformers still wants hidden % heads == 0
@@ -102,6 +104,14 @@ def hf_configs(draw, architectures: tuple[str, ...] = ARCHITECTURES, long_horizo
             },
         )
         return config
+    if model_type == "deepseek_v3":
+        config |= draw(deepseek_options(head_dim, layers))
+        rope = {"rope_type": "default", "rope_theta": theta} | (draw(rope_scalings(max_positions, not long_horizon)) or {})
+        if rope["rope_type"] == "yarn":  # DeepSeek's YaRN: mscale_all_dim also scales the softmax
+            rope |= dict(mscale=draw(st.sampled_from([0.8, 1.0])), mscale_all_dim=draw(st.sampled_from([0.0, 1.0])))
+        if rope["rope_type"] == "dynamic":
+            config["max_position_embeddings"] = 16
+        return config | dict(rope_parameters=rope)
     if model_type in MOE_ARCHITECTURES:
         return config | draw(moe_keys(model_type, layers, window, theta, max_positions, not long_horizon))
     if model_type == "gemma2":
@@ -186,6 +196,33 @@ def moe_keys(
         ),
         swiglu_limit=draw(st.sampled_from([0.5, 7.0])),
         rope_parameters={"rope_theta": theta} | draw(st.sampled_from([{"rope_type": "default"}, yarn])),
+    )
+
+
+@st.composite
+def deepseek_options(draw, head_dim: int, layers: int) -> dict[str, Any]:
+    """DeepSeek-V3's latent widths and expert routing: low-rank or plain queries, groups kept or all."""
+    num_groups = draw(st.sampled_from([1, 2, 4]))
+    experts = num_groups * draw(st.sampled_from([2, 3]))
+    groups_per_token = draw(st.integers(1, num_groups))
+    return dict(
+        q_lora_rank=draw(st.none() | st.sampled_from([8, 12])),
+        kv_lora_rank=draw(st.sampled_from([4, 8, 16])),
+        qk_nope_head_dim=draw(st.sampled_from([4, 8])),
+        qk_rope_head_dim=head_dim,
+        v_head_dim=draw(st.sampled_from([4, 6, 8])),
+        rope_interleave=draw(st.booleans()),
+        attention_bias=draw(st.booleans()),
+        moe_intermediate_size=draw(st.sampled_from([8, 16])),
+        n_routed_experts=experts,
+        n_group=num_groups,
+        topk_group=groups_per_token,
+        num_experts_per_tok=draw(st.integers(1, groups_per_token * experts // num_groups)),
+        n_shared_experts=draw(st.integers(1, 2)),  # transformers builds 0 as empty tensors
+        norm_topk_prob=draw(st.booleans()),
+        routed_scaling_factor=draw(st.sampled_from([1.0, 2.5])),
+        first_k_dense_replace=draw(st.integers(0, layers)),
+        tie_word_embeddings=draw(st.booleans()),
     )
 
 
