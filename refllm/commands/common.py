@@ -104,11 +104,9 @@ def _no_chat_template(name: str) -> InvalidInputError:
 def warm_llm(model: LlamaFamilyModel, context: int | None = None) -> LLM:
     """An LLM over the model, its kernels compiled (with a notice) or loaded from the cache before any request.
 
-    ``context`` caps the tokens of a sequence, and sizes the KV arena for one such sequence (and one
-    block more, for the warm-up's second, short sequence).
+    ``context`` caps the tokens of a sequence, and sizes the KV arena for one such sequence.
     """
-    blocks = None if context is None else blocks_for(context, CacheConfig.block_size) + 1
-    cache = CacheConfig() if blocks is None else CacheConfig(num_blocks=blocks)
+    cache = CacheConfig() if context is None else CacheConfig(num_blocks=blocks_for(context, CacheConfig.block_size))
     llm = LLM(model, cache, context_length=context)
     with progress.compiling_kernels():
         llm.warm_up()
