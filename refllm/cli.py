@@ -40,6 +40,7 @@ from refllm.commands.flags import (
     add_command,
     add_generation_flags,
     add_precision_flags,
+    bare_ray_flag_before_positional,
     batch_sizes,
     cluster_options,
     positive_int,
@@ -336,7 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(bare_ray_flag_before_positional(sys.argv[1:] if argv is None else argv))
     try:
         return args.handler(args)
     except KeyboardInterrupt:

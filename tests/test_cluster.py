@@ -23,15 +23,18 @@ from safetensors import safe_open
 
 from refllm import cli
 from refllm.cluster import INSTALL_HINT
-from refllm.cluster.golden import dump_on_ray
+from refllm.cluster.golden import check_on_ray, dump_on_ray
 from refllm.cluster.perplexity import perplexity_on_ray
 from refllm.cluster.pool import ShardsFailedError
 from refllm.cluster.shards import ShardStore, ShardStoreMismatchError
+from refllm.commands.flags import bare_ray_flag_before_positional
 from refllm.errors import InvalidInputError
 from refllm.runtime.perplexity import perplexity, sliding_windows
+from refllm.testing.backends import as_backend
 from refllm.testing.checkpoint import Checkpoint
-from refllm.testing.golden import DumpOptions, Prompt, dump
+from refllm.testing.golden import DumpOptions, Golden, Prompt, check, dump
 from tests.hf_fixtures import DATA
+from tests.mutants import interleaved_rope
 from tests.test_cli import CORPUS, ROOT, run, write_tiny_model
 
 MODEL = DATA / "gemma3_text"  # context 128, vocabulary 128
@@ -86,6 +89,22 @@ def test_without_ray_the_flag_says_how_to_install_it(tmp_path, monkeypatch, caps
     assert 'pip install "refllm[cluster]"' in INSTALL_HINT
 
 
+@pytest.mark.parametrize(
+    "argv, address, file",
+    [
+        (["perplexity", "--ray", "text.txt"], "local", "text.txt"),
+        (["perplexity", "--ray", "auto", "text.txt"], "auto", "text.txt"),
+        (["perplexity", "--ray", "10.0.0.5:6379", "text.txt"], "10.0.0.5:6379", "text.txt"),
+        (["perplexity", "--ray", "ray://head:10001", "text.txt"], "ray://head:10001", "text.txt"),
+        (["perplexity", "text.txt", "--ray", "--workers", "2"], "local", "text.txt"),
+        (["perplexity", "text.txt", "--ray"], "local", "text.txt"),
+    ],
+)
+def test_ray_before_the_file_is_not_read_as_its_address(argv, address, file):
+    args = cli.build_parser().parse_args(bare_ray_flag_before_positional(argv))
+    assert (args.ray, args.file) == (address, file)
+
+
 def test_cluster_flags_need_ray(capsys):
     code, _, err = run(capsys, "golden", "check", "no-such.safetensors", "--workers", "2")
     assert code == 2 and "argument --workers: only with --ray" in err
@@ -133,6 +152,31 @@ def test_golden_check_on_ray_prints_the_single_process_report(local_cluster, tmp
     on_ray = run(capsys, "golden", "check", str(golden), *mutant, "--ray", "--workers", "2")
     assert single[0] == on_ray[0] == 1
     assert on_ray[1] == single[1] and "FAIL" in single[1] and "KL divergence over" in single[1]
+
+
+@cluster
+def test_an_interrupted_golden_check_resumes_from_its_shards_with_the_same_reports(local_cluster, tmp_path):
+    listed = prompts([12, 2, 25, 7, 9])
+    path = tmp_path / "golden.safetensors"
+    dump(Checkpoint.open(MODEL), listed, path, str(MODEL), new_tokens=12, positions=4)
+    golden, shards, seen = Golden.load(path), tmp_path / "shards", []
+    args = (path, golden, str(MODEL), "tests.mutants:interleaved_rope", "float32")
+
+    def interrupt_after_two(result) -> None:
+        seen.append(result.index)
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        check_on_ray(*args, shards=shards, on_result=interrupt_after_two)
+    assert len(list(shards.glob("shard-*.safetensors"))) == 2
+    resumed = []
+    reports = check_on_ray(*args, shards=shards, on_result=resumed.append)
+    assert sorted(r.index for r in resumed) == sorted(set(range(len(listed))) - set(seen))
+    backend = as_backend(interleaved_rope(Checkpoint.open(MODEL)))
+    single = check(golden, backend, "float32")
+    assert [r.line for r in reports] == [r.line for r in single] and not shards.exists()
+    assert any(not r.ok for r in reports)  # the mutant fails some prompts, so the reports carry logits
 
 
 @cluster

@@ -132,13 +132,18 @@ def check_on_ray(
     workers: int | None = None,
     shard_size: int = 1,
     shards: str | Path | None = None,
+    on_result: Callable[[ShardResult], None] | None = None,
 ) -> list[PromptReport]:
-    """``golden.check`` on a Ray cluster: every prompt's report, in prompt order."""
+    """``golden.check`` on a Ray cluster: every prompt's report, in prompt order.
+
+    With ``shards``, finished shards are kept there until the reports are made, so an interrupted
+    check resumes; ``on_result`` is called with each shard computed by this call.
+    """
     manifest = {"job": "golden check", "golden": str(Path(golden_path).resolve()), "model": model}
     manifest |= {"weights_sha256": golden.metadata["weights_sha256"], "backend": backend, "profile": profile}
     store = None if shards is None else ShardStore(shards, manifest | {"shard_size": str(shard_size)})
     job, shard_list = GoldenCheckJob(str(golden_path), model, backend, profile), split(golden.num_prompts, shard_size)
-    run = run_shards(job, shard_list, store, address, workers, "golden check")
+    run = run_shards(job, shard_list, store, address, workers, "golden check", on_result)
     reports = []
     for shard in shard_list:
         result = run.results[shard.index]

@@ -8,6 +8,7 @@ judged with the others (sampling settings, a prompt read from stdin) raises
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from refllm import catalog
@@ -154,6 +155,19 @@ def read_prompt(prompt: str) -> str:
     return prompt
 
 
+# What --ray's optional ADDRESS can be (as ray.init takes it); any other word after --ray is a positional.
+RAY_ADDRESS = re.compile(r"auto|local|ray://\S+|[^\s/\\]+:\d+")
+
+
+def bare_ray_flag_before_positional(argv: list[str]) -> list[str]:
+    """argv with ``--ray FILE`` spelled ``--ray=local FILE``: argparse would take FILE as the address."""
+    return [
+        f"--ray={LOCAL}" if arg == "--ray" and i + 1 < len(argv) and not RAY_ADDRESS.fullmatch(argv[i + 1])
+        and not argv[i + 1].startswith("-") else arg
+        for i, arg in enumerate(argv)
+    ]  # fmt: skip
+
+
 def add_cluster_flags(parser: argparse.ArgumentParser, shards_help: str) -> None:
     """--ray [ADDRESS], --workers, --shard-size and --shards (docs/cluster.md)."""
     group = parser.add_argument_group("on a Ray cluster (docs/cluster.md)")
@@ -162,7 +176,7 @@ def add_cluster_flags(parser: argparse.ArgumentParser, shards_help: str) -> None
         nargs="?",
         const=LOCAL,
         metavar="ADDRESS",
-        help="run in shards on Ray: a new cluster on this machine, or the one at ADDRESS (auto, host:port, ray://...)",
+        help="run in shards on Ray: a new cluster on this machine, or the one at ADDRESS (auto, host:port, ray://host:port)",
     )
     group.add_argument("--workers", type=positive_int, metavar="N", help="actors, of one CPU each (default: all CPUs)")
     group.add_argument("--shard-size", type=positive_int, metavar="N", help="items per shard (default 1)")
