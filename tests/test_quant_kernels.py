@@ -149,7 +149,7 @@ def test_inner_loops_are_vectorised(name):
     dot4 = getattr(quant_matmul, f"_dot4_{name.lower()}")
     row = np.zeros(2 * block_format(name).type_size, np.uint8)
     x = np.zeros(2 * block_format(name).block_size, np.float32)
-    dot4((row, row, row, row), x, getattr(quant_matmul, f"_sums_{name.lower()}")(x))
+    dot4((row, row, row, row), (row, row, row, row), x, getattr(quant_matmul, f"_sums_{name.lower()}")(x))
     tile = numba.njit(fastmath=quant_matmul.SUM_FASTMATH)(quant_matmul._tile4x4.py_func)  # uncached: cached code hides its IR
     tile(np.zeros((4, 64), np.float32), 0, np.zeros((4, 64), np.float32), 0)
     for kernel in (dot4, tile):

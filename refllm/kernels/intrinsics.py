@@ -22,6 +22,9 @@ def _address(context, builder, array_type, array, index, pointee: ir.Type):
     return builder.bitcast(builder.gep(data, [index]), pointee.as_pointer())
 
 
+CACHE_LINE = 64  # bytes, on every x86-64 (what one prefetch fetches)
+
+
 @intrinsic
 def prefetch(typingctx, array, index):
     """Hint the CPU to fetch the cache line of element ``index`` of a contiguous array, counted

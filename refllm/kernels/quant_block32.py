@@ -19,14 +19,14 @@ def block32_layout(g: int) -> tuple[int, int, int]:
     return 32 * g, 16, 16
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _scale_params(row: np.ndarray, offset: int) -> tuple:
     """The params of a block whose weights are d * q, with the float16 d at byte ``offset``."""
     d = f16(row, offset)
     return d, NO_OFFSET, d, NO_OFFSET, 0
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def q4_0_params(row: np.ndarray, g: int) -> tuple:
     return _scale_params(row, 18 * g)
 
@@ -45,7 +45,7 @@ def q4_0_lanes16(row: np.ndarray, g: int, lane: int, bits: int) -> tuple:
     return add16(byte_bits16(row, at, 0, 15), minus_eight), add16(byte_bits16(row, at, 4, 15), minus_eight)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def q4_1_params(row: np.ndarray, g: int) -> tuple:
     d, m = f16(row, 20 * g), f16(row, 20 * g + 2)
     return d, m, d, m, 0
@@ -63,7 +63,7 @@ def q4_1_lanes16(row: np.ndarray, g: int, lane: int, bits: int) -> tuple:
     return byte_bits16(row, at, 0, 15), byte_bits16(row, at, 4, 15)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def q5_0_params(row: np.ndarray, g: int) -> tuple:
     d = f16(row, 22 * g)
     return d, NO_OFFSET, d, NO_OFFSET, u32(row, 22 * g + 2)
@@ -84,7 +84,7 @@ def q5_0_lanes16(row: np.ndarray, g: int, lane: int, qh: int) -> tuple:
     return low, add16(multiply_add16(sixteen, bits16(qh, lane + 16), byte_bits16(row, at, 4, 15)), minus_sixteen)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def q5_1_params(row: np.ndarray, g: int) -> tuple:
     d, m = f16(row, 24 * g), f16(row, 24 * g + 2)
     return d, m, d, m, u32(row, 24 * g + 4)
@@ -106,7 +106,7 @@ def q5_1_lanes16(row: np.ndarray, g: int, lane: int, qh: int) -> tuple:
     )
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def q8_0_params(row: np.ndarray, g: int) -> tuple:
     return _scale_params(row, 34 * g)
 

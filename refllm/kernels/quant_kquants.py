@@ -1,7 +1,7 @@
 """The K-quant formats Q2_K, Q3_K, Q4_K, Q5_K and Q6_K (256-weight super-blocks of sub-blocks),
-as the quantized products read them: per format, ``<format>_params``, ``<format>_lane`` and (but
-for Q4_K and Q5_K) ``<format>_lanes16`` as ``quant_walks.py`` describes them, in two families by
-how a super-block's sub-blocks pair up into groups. Each ``_lane`` gives its block's byte layout.
+as the quantized products read them: per format, ``<format>_params``, ``<format>_lane`` and
+``<format>_lanes16`` as ``quant_walks.py`` describes them, in two families by how a
+super-block's sub-blocks pair up into groups. Each ``_lane`` gives its block's byte layout.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def _k_scale_min(row: np.ndarray, offset: int, s: int) -> tuple[np.float32, np.f
     return np.float32(scale), np.float32(minimum)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _k_pair_params(row: np.ndarray, g: int, type_size: int) -> tuple:
     """Sub-blocks 2i and 2i + 1 of a Q4_K/Q5_K super-block: w = (d * scale) q - dmin * min."""
     o = type_size * (g // 4)
@@ -40,7 +40,7 @@ def _k_pair_params(row: np.ndarray, g: int, type_size: int) -> tuple:
     return d * scale_low, -(dmin * min_low), d * scale_high, -(dmin * min_high), 0
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def q4_k_params(row: np.ndarray, g: int) -> tuple:
     return _k_pair_params(row, g, 144)
 
@@ -53,6 +53,12 @@ def q4_k_lane(row: np.ndarray, g: int, j: int, bits: int) -> tuple[np.float32, n
 
 
 @njit(cache=True)
+def q4_k_lanes16(row: np.ndarray, g: int, lane: int, bits: int) -> tuple:
+    at = 144 * (g // 4) + 16 + 32 * (g % 4) + lane
+    return byte_bits16(row, at, 0, 15), byte_bits16(row, at, 4, 15)
+
+
+@njit(cache=True, inline="always")
 def q5_k_params(row: np.ndarray, g: int) -> tuple:
     return _k_pair_params(row, g, 176)
 
@@ -64,6 +70,16 @@ def q5_k_lane(row: np.ndarray, g: int, j: int, bits: int) -> tuple[np.float32, n
     low, high = nibbles(byte_at(row, o + 48 + 32 * i + j))
     qh = byte_at(row, o + 16 + j)
     return low + np.float32(16.0) * bit(qh, 2 * i), high + np.float32(16.0) * bit(qh, 2 * i + 1)
+
+
+@njit(cache=True)
+def q5_k_lanes16(row: np.ndarray, g: int, lane: int, bits: int) -> tuple:
+    o, i, sixteen = 176 * (g // 4), g % 4, broadcast16(np.float32(16.0))
+    at, qh = o + 48 + 32 * i + lane, o + 16 + lane
+    return (
+        multiply_add16(sixteen, byte_bits16(row, qh, 2 * i, 1), byte_bits16(row, at, 0, 15)),
+        multiply_add16(sixteen, byte_bits16(row, qh, 2 * i + 1, 1), byte_bits16(row, at, 4, 15)),
+    )
 
 
 # ---- Q2_K, Q3_K, Q6_K: 16 sub-blocks of 16. Weight 128h + 32s + l (sub-block 8h + 2s + l // 16) takes
@@ -83,7 +99,7 @@ def _k_quad(g: int) -> tuple[int, int, int]:
     return g % 8 // 4, g % 4 // 2, g % 2
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def q2_k_params(row: np.ndarray, g: int) -> tuple:
     o = 84 * (g // 8)
     h, s, p = _k_quad(g)
@@ -119,7 +135,7 @@ def _q3_k_scale(row: np.ndarray, offset: int, sub: int) -> np.float32:
     return np.float32(np.int8(low | high << 4) - np.int8(32))
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def q3_k_params(row: np.ndarray, g: int) -> tuple:
     o = 110 * (g // 8)
     h, s, p = _k_quad(g)
@@ -150,7 +166,7 @@ def q3_k_lanes16(row: np.ndarray, g: int, lane: int, bits: int) -> tuple:
     return add16(first, minus_four), add16(second, minus_four)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def q6_k_params(row: np.ndarray, g: int) -> tuple:
     o = 210 * (g // 8)
     h, s, p = _k_quad(g)

@@ -7,7 +7,7 @@ float32. docs/quantization.md tells the whole story; in short:
 
 - ``quant_matvec`` (decode, one token): four rows at a time; each group of
   weights is decoded in registers and multiplied into x at once, and the rows
-  16 ahead are prefetched from DRAM meanwhile.
+  12 ahead are prefetched from DRAM meanwhile, a cache line at a time.
 - ``quant_matmul`` (prefill, batched decode, T >= 2 tokens): each row is
   decoded once into a float32 scratch, then multiplied into the tokens four
   rows by four tokens at a time (``_tile4x4``).
@@ -29,10 +29,8 @@ kernel inlines every lane from those modules: ``compile_cache.py`` keys Numba's
 cache to all of this package's sources, so a change to any of them recompiles.
 
 Vectorisation is asserted on the optimised LLVM IR by tests/test_quant_kernels.py.
-On this project's AVX-512 machine ``inspect_asm`` shows the lane loop of Q4_K's
-and Q5_K's ``_dot4_<format>`` as 16-lane vpmovzxbd/vcvtdq2ps/vfmadd231ps on zmm
-registers, and ``_tile4x4``'s loop as sixteen zmm vfmadd231ps accumulators; the
-other formats' products are vectors by construction.
+On this project's AVX-512 machine ``inspect_asm`` shows ``_tile4x4``'s loop as
+sixteen zmm vfmadd231ps accumulators; the decode products are vectors by construction.
 
 Dimension letters: R weight rows (outputs), C columns (inputs), T tokens,
 g group, j lane.
@@ -44,7 +42,7 @@ import numpy as np
 from numba import njit, prange
 
 from refllm.kernels.arithmetic import ceil_div
-from refllm.kernels.intrinsics import SUM_FASTMATH, prefetch
+from refllm.kernels.intrinsics import CACHE_LINE, SUM_FASTMATH, prefetch
 from refllm.kernels.quant_block32 import (
     block32_layout,
     q4_0_lane,
@@ -73,8 +71,10 @@ from refllm.kernels.quant_kquants import (
     q3_k_lanes16,
     q3_k_params,
     q4_k_lane,
+    q4_k_lanes16,
     q4_k_params,
     q5_k_lane,
+    q5_k_lanes16,
     q5_k_params,
     q6_k_lane,
     q6_k_lanes16,
@@ -89,9 +89,10 @@ Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = range(len(KERNEL_FO
 
 # How far ahead of the rows being multiplied ``quant_matvec`` prefetches. Decoding streams every
 # weight from DRAM once per token; without the hint a thread waits out each cache miss (4.8 GB/s
-# on one core of the project's machine, 6.5 on two), with rows 16 ahead requested it does not
-# (12 and 19 GB/s; 8 rows ahead reached the same on two cores, 4 did not).
-PREFETCH_ROWS = 16
+# on one core of the project's machine, 6.5 on two). With the hints spread over the group loop
+# (``quant_walks._vector_dot4``), Q8_0 streamed 17.7, 15.6, 19.0 and 19.0 GB/s on two cores with
+# rows 4, 8, 12 and 20 ahead.
+PREFETCH_ROWS = 12
 
 # Rows per parallel task: a multiple of the 4 rows ``_dot4_<format>`` takes, and enough rows that
 # ``quant_matmul``'s one scratch row per task is no cost; 16 still gives a 192-row projection 12 tasks.
@@ -103,12 +104,11 @@ def _prefetch_rows(blocks: np.ndarray, first: int, count: int) -> None:
     """Prefetch every cache line of rows first .. first + count - 1 that exist."""
     for r in range(first, min(first + count, blocks.shape[0])):
         row = blocks[r]
-        for offset in range(0, row.shape[0], 64):
+        for offset in range(0, row.shape[0], CACHE_LINE):
             prefetch(row, offset)
 
 
-# Q4_K and Q5_K multiply lane by lane: as vectors they measured 0.7-0.9x as fast. Q4_0, Q5_0, Q8_0,
-# Q3_K and Q6_K weights have no offset (w = a q).
+# Q4_0, Q5_0, Q8_0, Q3_K and Q6_K weights have no offset (w = a q).
 _decode_q4_0, _dot4_q4_0, _sums_q4_0 = format_walks(
     q4_0_params, q4_0_lane, block32_layout, q4_0_lanes16, shared_scale=True, offset=False
 )
@@ -126,8 +126,8 @@ _decode_q8_0, _dot4_q8_0, _sums_q8_0 = format_walks(
 )
 _decode_q2_k, _dot4_q2_k, _sums_q2_k = format_walks(q2_k_params, q2_k_lane, k_quads_layout, q2_k_lanes16)
 _decode_q3_k, _dot4_q3_k, _sums_q3_k = format_walks(q3_k_params, q3_k_lane, k_quads_layout, q3_k_lanes16, offset=False)
-_decode_q4_k, _dot4_q4_k, _sums_q4_k = format_walks(q4_k_params, q4_k_lane, k_pairs_layout)
-_decode_q5_k, _dot4_q5_k, _sums_q5_k = format_walks(q5_k_params, q5_k_lane, k_pairs_layout)
+_decode_q4_k, _dot4_q4_k, _sums_q4_k = format_walks(q4_k_params, q4_k_lane, k_pairs_layout, q4_k_lanes16)
+_decode_q5_k, _dot4_q5_k, _sums_q5_k = format_walks(q5_k_params, q5_k_lane, k_pairs_layout, q5_k_lanes16)
 _decode_q6_k, _dot4_q6_k, _sums_q6_k = format_walks(q6_k_params, q6_k_lane, k_quads_layout, q6_k_lanes16, offset=False)
 
 
@@ -217,27 +217,27 @@ def _x_sums(code: int, x: np.ndarray) -> np.ndarray:
 
 @njit(cache=True)
 def _dot4_rows(
-    code: int, rows: tuple, x: np.ndarray, x_sums: np.ndarray
+    code: int, rows: tuple, ahead: tuple, x: np.ndarray, x_sums: np.ndarray
 ) -> tuple[np.float32, np.float32, np.float32, np.float32]:
     if code == Q4_0:
-        return _dot4_q4_0(rows, x, x_sums)
+        return _dot4_q4_0(rows, ahead, x, x_sums)
     if code == Q4_1:
-        return _dot4_q4_1(rows, x, x_sums)
+        return _dot4_q4_1(rows, ahead, x, x_sums)
     if code == Q5_0:
-        return _dot4_q5_0(rows, x, x_sums)
+        return _dot4_q5_0(rows, ahead, x, x_sums)
     if code == Q5_1:
-        return _dot4_q5_1(rows, x, x_sums)
+        return _dot4_q5_1(rows, ahead, x, x_sums)
     if code == Q8_0:
-        return _dot4_q8_0(rows, x, x_sums)
+        return _dot4_q8_0(rows, ahead, x, x_sums)
     if code == Q2_K:
-        return _dot4_q2_k(rows, x, x_sums)
+        return _dot4_q2_k(rows, ahead, x, x_sums)
     if code == Q3_K:
-        return _dot4_q3_k(rows, x, x_sums)
+        return _dot4_q3_k(rows, ahead, x, x_sums)
     if code == Q4_K:
-        return _dot4_q4_k(rows, x, x_sums)
+        return _dot4_q4_k(rows, ahead, x, x_sums)
     if code == Q5_K:
-        return _dot4_q5_k(rows, x, x_sums)
-    return _dot4_q6_k(rows, x, x_sums)
+        return _dot4_q5_k(rows, ahead, x, x_sums)
+    return _dot4_q6_k(rows, ahead, x, x_sums)
 
 
 # ---- the kernels --------------------------------------------------------------------------------------
@@ -256,9 +256,8 @@ def _matvec_task(blocks: np.ndarray, code: int, x: np.ndarray, x_sums: np.ndarra
     num_rows = blocks.shape[0]
     last = num_rows - 1
     for r in range(task * ROWS_PER_TASK, min((task + 1) * ROWS_PER_TASK, num_rows), 4):
-        _prefetch_rows(blocks, r + PREFETCH_ROWS, 4)
         # The last quad of an R not divisible by 4 repeats row R - 1 (and writes it identically).
-        y0, y1, y2, y3 = _dot4_rows(code, _quad(blocks, r), x, x_sums)
+        y0, y1, y2, y3 = _dot4_rows(code, _quad(blocks, r), _quad(blocks, r + PREFETCH_ROWS), x, x_sums)
         out[r] = y0
         out[min(r + 1, last)] = y1
         out[min(r + 2, last)] = y2

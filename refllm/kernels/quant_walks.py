@@ -10,12 +10,13 @@ sub-block), an integer q per weight. Per format,
     <format>_params(row, g)        -> (a_first, c_first, a_second, c_second, bits), read once a group
     <format>_lane(row, g, j, bits) -> (q_first, q_second), integers as float32
 
-and ``format_walks`` builds the format's decoder and a decode product from them. Every
-format but Q4_K and Q5_K also has ``<format>_lanes16(row, g, lane, bits)``, 16
-lanes at once as vectors of ``refllm/kernels/intrinsics.py``, and decodes with
-``_vector_dot4``: 16 lane sums per row kept across the groups and added up once
-per row, where the lane loop's product adds them up in every group. The families
-(``quant_block32.py``, ``quant_kquants.py``):
+and ``format_walks`` builds the format's decoder from them. The ``_params`` are inlined by
+Numba (``inline="always"``): as calls, their five-field tuple went through memory every
+group, and Q4_K's product ran at a third of its speed. With
+``<format>_lanes16(row, g, lane, bits)``, 16 lanes at once as vectors of
+``refllm/kernels/intrinsics.py``, it builds the format's decode product
+(``_vector_dot4``): 16 lane sums per row kept across the groups and added up once
+per row. The families (``quant_block32.py``, ``quant_kquants.py``):
 
     32-weight blocks (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0)  group = block g; L = 16, gap 16
     Q4_K, Q5_K                                    group = a pair of 32-weight sub-blocks
@@ -32,17 +33,21 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from refllm.kernels.intrinsics import LANES, SUM_FASTMATH, broadcast16, load16, mul16, multiply_add16, sum16, zeros16
-
-
-@njit(cache=True, fastmath=SUM_FASTMATH)
-def _group_total(params: tuple, first: float, second: float, x_first: float, x_second: float) -> float:
-    """A group's share of a row's dot product: a (sum q x) + c (sum x), for its first and second weights."""
-    return params[0] * first + params[1] * x_first + params[2] * second + params[3] * x_second
+from refllm.kernels.intrinsics import (
+    CACHE_LINE,
+    LANES,
+    broadcast16,
+    load16,
+    mul16,
+    multiply_add16,
+    prefetch,
+    sum16,
+    zeros16,
+)
 
 
 def _walks(params, lane, layout):
-    """-> (decode, dot4, sums) of one format. The functions are compile-time constants here
+    """-> (decode, sums) of one format. The functions are compile-time constants here
     (closure variables), so each walk is compiled with direct calls into them, which LLVM inlines.
     """
 
@@ -73,42 +78,7 @@ def _walks(params, lane, layout):
                 out[g, 1] += x[base + gap + j]
         return out
 
-    @njit(fastmath=SUM_FASTMATH)
-    def dot4(rows: tuple, x: np.ndarray, x_sums: np.ndarray) -> tuple[np.float32, np.float32, np.float32, np.float32]:
-        """Four rows [R_bytes] uint8 . x [C] float32 -> four float32.
-
-        Per group, sum_j (a q_j + c) x_j = a (sum_j q_j x_j) + c (sum_j x_j): the lanes only
-        multiply-add integers into x, and the scale, offset and x's sum join once per group.
-        """
-        row0, row1, row2, row3 = rows
-        total0 = total1 = total2 = total3 = np.float32(0.0)
-        _, _, lanes = layout(0)
-        for g in range(x.shape[0] // (2 * lanes)):
-            base, gap, lanes = layout(g)
-            p0, p1, p2, p3 = params(row0, g), params(row1, g), params(row2, g), params(row3, g)
-            f0 = f1 = f2 = f3 = s0 = s1 = s2 = s3 = np.float32(0.0)  # first and second weights' sums
-            for j in range(lanes):
-                x_first, x_second = x[np.uint64(base + j)], x[np.uint64(base + gap + j)]  # see quant_fields.byte_at
-                q_first, q_second = lane(row0, g, j, p0[4])
-                f0 += q_first * x_first
-                s0 += q_second * x_second
-                q_first, q_second = lane(row1, g, j, p1[4])
-                f1 += q_first * x_first
-                s1 += q_second * x_second
-                q_first, q_second = lane(row2, g, j, p2[4])
-                f2 += q_first * x_first
-                s2 += q_second * x_second
-                q_first, q_second = lane(row3, g, j, p3[4])
-                f3 += q_first * x_first
-                s3 += q_second * x_second
-            x_first, x_second = x_sums[g, 0], x_sums[g, 1]
-            total0 += _group_total(p0, f0, s0, x_first, x_second)
-            total1 += _group_total(p1, f1, s1, x_first, x_second)
-            total2 += _group_total(p2, f2, s2, x_first, x_second)
-            total3 += _group_total(p3, f3, s3, x_first, x_second)
-        return total0, total1, total2, total3
-
-    return decode, dot4, sums
+    return decode, sums
 
 
 def _vector_dot4(params, lanes16, layout, shared_scale: bool, offset: bool):
@@ -123,8 +93,12 @@ def _vector_dot4(params, lanes16, layout, shared_scale: bool, offset: bool):
     Left to LLVM, a lane loop added up its lanes in every group: spelled out, the product streams
     1.4 to 1.7x the weights per second of that one for the 32-weight formats (one core and two,
     1536 x 576 matrices from DRAM; Q4_1 from 13.6 to 21.9 G/s on two), 1.6x for Q2_K and Q3_K,
-    1.9x for Q6_K (1536 x 1024). Q4_K and Q5_K, whose groups are 32 lanes wide, ran 0.7 to 0.9x
-    as fast this way and keep the loop.
+    1.9x for Q6_K (1536 x 1024), and 2.6x for Q4_K once its params were inlined.
+
+    Each row also prefetches, as it goes, the bytes of a row ``ahead`` at the same place: one
+    cache line's worth of groups a prefetch. The hints then trickle out at the pace the weights are
+    read, where four whole rows asked for at once waited on each other (Q8_0 from DRAM: 1.7x the
+    bytes per second on one core and on two).
     """
 
     @njit(inline="always")
@@ -146,12 +120,24 @@ def _vector_dot4(params, lanes16, layout, shared_scale: bool, offset: bool):
         return lanes, offsets
 
     @njit
-    def dot4(rows: tuple, x: np.ndarray, x_sums: np.ndarray) -> tuple[np.float32, np.float32, np.float32, np.float32]:
-        """Four rows [R_bytes] uint8 . x [C] float32 -> four float32."""
+    def dot4(
+        rows: tuple, ahead: tuple, x: np.ndarray, x_sums: np.ndarray
+    ) -> tuple[np.float32, np.float32, np.float32, np.float32]:
+        """Four rows [R_bytes] uint8 . x [C] float32 -> four float32, prefetching the four rows ``ahead``."""
         row0, row1, row2, row3 = rows
+        ahead0, ahead1, ahead2, ahead3 = ahead
+        num_groups, num_bytes = x_sums.shape[0], row0.shape[0]
+        groups_per_line, to_next_line = max(1, CACHE_LINE * num_groups // num_bytes), 0
         lanes0 = lanes1 = lanes2 = lanes3 = zeros16()
         offsets0 = offsets1 = offsets2 = offsets3 = np.float32(0.0)
-        for g in range(x_sums.shape[0]):
+        for g in range(num_groups):
+            if to_next_line == 0:  # a countdown, not g % groups_per_line: no division a group
+                at, to_next_line = g * num_bytes // num_groups, groups_per_line
+                prefetch(ahead0, at)
+                prefetch(ahead1, at)
+                prefetch(ahead2, at)
+                prefetch(ahead3, at)
+            to_next_line -= 1
             lanes0, offsets0 = add_group(row0, g, x, x_sums, lanes0, offsets0)
             lanes1, offsets1 = add_group(row1, g, x, x_sums, lanes1, offsets1)
             lanes2, offsets2 = add_group(row2, g, x, x_sums, lanes2, offsets2)
@@ -161,9 +147,7 @@ def _vector_dot4(params, lanes16, layout, shared_scale: bool, offset: bool):
     return dot4
 
 
-def format_walks(params, lane, layout, lanes16=None, shared_scale: bool = False, offset: bool = True):
-    """-> (decode, dot4, sums) of one format: dot4 on vectors where it has ``lanes16``, else the lane loop."""
-    decode, lane_dot4, sums = _walks(params, lane, layout)
-    if lanes16 is None:
-        return decode, lane_dot4, sums
+def format_walks(params, lane, layout, lanes16, shared_scale: bool = False, offset: bool = True):
+    """-> (decode, dot4, sums) of one format."""
+    decode, sums = _walks(params, lane, layout)
     return decode, _vector_dot4(params, lanes16, layout, shared_scale, offset), sums
