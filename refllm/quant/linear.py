@@ -27,14 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from refllm.kernels.quant_matmul import (
-    FORMAT_CODES,
-    KERNEL_FORMATS,
-    quant_matmul,
-    quant_matmul_serial,
-    quant_matvec,
-    quant_matvec_serial,
-)
+from refllm.kernels.quant_formats import FORMAT_CODES, KERNEL_FORMATS
+from refllm.kernels.quant_matmul import quant_matmul, quant_matmul_serial, quant_matvec, quant_matvec_serial
 from refllm.quant.formats import UnsupportedFormatError, dequantize, stored_size
 from refllm.quant.requantize import REQUANTIZE_FORMATS, requantize
 
