@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from refllm.kernels.int8_matmul import int8_matmul, int8_matmul_serial, int8_reads, quantize_activations
 from refllm.kernels.quant_formats import FORMAT_CODES, KERNEL_FORMATS
 from refllm.kernels.quant_matmul import quant_matmul, quant_matmul_serial, quant_matvec, quant_matvec_serial
 from refllm.quant.formats import UnsupportedFormatError, dequantize, stored_size
@@ -53,6 +54,11 @@ def _parallel_min_weights() -> int:
 PARALLEL_MIN_WEIGHTS = _parallel_min_weights()
 
 
+# How a quantized matrix meets its inputs: in float32 (the default: the spec's product to float32
+# rounding), or quantized to 8 bits per block of 32 for integer dot products (refllm/kernels/int8_matmul.py).
+ACTIVATIONS = ("float32", "int8")
+
+
 class QuantizedShapeError(ValueError):
     """An input whose shape or dtype does not fit a quantized matrix."""
 
@@ -62,7 +68,9 @@ class QuantizedTensor:
 
     ndim = 2
 
-    def __init__(self, blocks: np.ndarray, format: str, shape: tuple[int, int]):
+    def __init__(self, blocks: np.ndarray, format: str, shape: tuple[int, int], activations: str = "float32"):
+        if activations not in ACTIVATIONS:
+            raise UnsupportedFormatError(f"activations must be one of {', '.join(ACTIVATIONS)}; got {activations!r}")
         if format not in FORMAT_CODES:
             raise UnsupportedFormatError(
                 f"no quantized kernel reads {format}; they read {', '.join(KERNEL_FORMATS)}"
@@ -81,6 +89,8 @@ class QuantizedTensor:
         self.format = format
         self.shape = (rows, cols)
         self._code = FORMAT_CODES[format]
+        # int8 where a kernel multiplies this format by int8 activations; other formats stay float32
+        self.activations = activations if int8_reads(format) else "float32"
 
     @classmethod
     def from_raw(cls, raw: np.ndarray, format: str, shape: tuple[int, int]) -> QuantizedTensor:
@@ -92,6 +102,10 @@ class QuantizedTensor:
     def quantize(cls, weights: np.ndarray, format: str) -> QuantizedTensor:
         """Float weights [R, C] -> QuantizedTensor in ``format`` (Q8_0 or Q4_0), as llama.cpp quantizes."""
         return cls(requantize(weights, format), format, weights.shape)
+
+    def with_activations(self, activations: str) -> QuantizedTensor:
+        """The same blocks, multiplying activations as ``activations`` says (one of ACTIVATIONS)."""
+        return QuantizedTensor(self.blocks, self.format, self.shape, activations)
 
     @property
     def nbytes(self) -> int:
@@ -113,7 +127,10 @@ class QuantizedTensor:
         # From two tokens on, decoding each row once and multiplying it into every token beats
         # decoding it in registers once per token (benchmarks/bench_quant_kernels.py --crossover).
         parallel = len(tokens) * rows * cols >= PARALLEL_MIN_WEIGHTS
-        if len(tokens) == 1:
+        if self.activations == "int8":
+            product = int8_matmul if parallel else int8_matmul_serial
+            out = product(self.blocks, self._code, *quantize_activations(tokens))
+        elif len(tokens) == 1:
             out = (quant_matvec if parallel else quant_matvec_serial)(self.blocks, self._code, tokens[0])
         else:
             out = (quant_matmul if parallel else quant_matmul_serial)(self.blocks, self._code, tokens)
@@ -125,7 +142,8 @@ class QuantizedTensor:
             start, stop, step = index.indices(self.shape[0])
             if step != 1:
                 raise QuantizedShapeError(f"a QuantizedTensor slices contiguous rows; got step {step}")
-            return QuantizedTensor(self.blocks[start:stop], self.format, (max(stop - start, 0), self.shape[1]))
+            rows = (max(stop - start, 0), self.shape[1])
+            return QuantizedTensor(self.blocks[start:stop], self.format, rows, self.activations)
         ids = np.asarray(index)
         if not np.issubdtype(ids.dtype, np.integer):
             raise QuantizedShapeError(f"a QuantizedTensor is indexed by a row slice or integer rows; got {index!r}")
