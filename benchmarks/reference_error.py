@@ -11,7 +11,8 @@ prompts, and for each it prints, over every position of every prompt:
 - greedy: the share of positions whose top token is the true top token.
 
 Paths: refllm float32 spec (contiguous), float32 fast (contiguous and paged),
-quantized (the GGUF blocks in the quantized kernels), transformers float32
+quantized (the GGUF blocks in the quantized kernels), quantized with int8
+activations (``activations="int8"``), transformers float32
 (eager attention, same GGUF file) and llama.cpp (llama-cpp-python), each where
 installed. The prompts are the golden prompts below.
 """
@@ -103,6 +104,9 @@ def main() -> None:
             "refllm float32 fast (contiguous)": lambda: refllm_path(name, "contiguous"),
             "refllm float32 fast (paged)": lambda: refllm_path(name, "paged"),
             "refllm quantized (paged)": lambda: refllm_path(name, "paged", quantized=True),
+            "refllm quantized, int8 activations (paged)": lambda: refllm_path(
+                name, "paged", quantized=True, activations="int8"
+            ),
             "transformers float32": lambda: transformers_path(name),
             "llama.cpp": lambda: llama_cpp_path(name),
         }

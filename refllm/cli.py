@@ -37,6 +37,7 @@ from refllm.commands.flags import (
     MODEL_HELP,
     UsageError,
     add_cluster_flags,
+    add_activations_flag,
     add_command,
     add_generation_flags,
     add_precision_flags,
@@ -304,6 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--model", default=catalog.DEFAULT_MODEL, help=MODEL_HELP)
     bench.add_argument("--float32", action="store_true", help=FLOAT32_HELP)
+    add_activations_flag(bench)
     bench.add_argument(
         "--prompt-tokens", type=positive_int, default=256, metavar="N", help="prompt length (default 256)"
     )

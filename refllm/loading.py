@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from refllm.errors import InvalidInputError
 from refllm.models.contract import ModelSource
 from refllm.models.llama import LlamaFamilyModel, ModelDtypeError, dtype_name
+from refllm.quant.formats import ACTIVATIONS
 
 
 class ModelNotFoundError(InvalidInputError):
@@ -36,6 +39,7 @@ def load_model(
     quantize: str | None = None,
     dtype: str = "float32",
     reference: bool | None = None,
+    activations: str = "float32",
 ) -> LlamaFamilyModel:
     """Load a model from a catalog name (pulled on first use), a .gguf file or a Hugging Face directory.
 
@@ -46,6 +50,9 @@ def load_model(
     quantized: keep a GGUF file's quantized matrices in their blocks and multiply from them
     (docs/quantization.md); the default dequantizes every weight.
     quantize: "q8_0" or "q4_0" quantizes the float matrices of a checkpoint as it loads.
+    activations: "float32" (the default), or "int8": quantized matrices of Q4_0, Q4_1 and Q8_0
+    multiply activations quantized to 8 bits per block of 32, in integer dot products: faster on
+    CPUs with VNNI, and further from the float64 truth (docs/quantization.md).
     """
     from refllm import catalog
 
@@ -56,6 +63,7 @@ def load_model(
         raise ModelDtypeError(
             "quantized weights run in the fast float32 kernels; drop quantized/quantize, or dtype/reference"
         )
+    check_activations(activations, quantized or quantize is not None)
     target = None
     if quantize is not None:
         from refllm.quant.linear import RequantizedSource, requantize_format
@@ -66,4 +74,23 @@ def load_model(
     source = open_source(path_or_name, quantized=quantized, dtype=dtype)
     if target is not None:
         source = RequantizedSource(source, target)
-    return LlamaFamilyModel.load(source, dtype=dtype, reference=reference)
+    return use_activations(LlamaFamilyModel.load(source, dtype=dtype, reference=reference), activations)
+
+
+
+def check_activations(activations: str, quantized: bool) -> None:
+    """Refuse an ``activations`` setting the model cannot run, before anything is read."""
+    if activations not in ACTIVATIONS:
+        raise ModelDtypeError(f"activations must be one of {', '.join(ACTIVATIONS)}; got {activations!r}")
+    if activations == "int8" and not quantized:
+        raise ModelDtypeError("int8 activations multiply quantized weights; the weights here are dequantized")
+
+
+def use_activations(model: LlamaFamilyModel, activations: str) -> LlamaFamilyModel:
+    """Every quantized matrix of ``model`` multiplies activations as ``activations`` says -> the model."""
+    from refllm.models.weights import weight_leaves
+
+    for leaf in weight_leaves(model.weights):
+        if not isinstance(leaf, np.ndarray):  # a QuantizedTensor
+            leaf.use_activations(activations)
+    return model

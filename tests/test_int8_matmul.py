@@ -15,6 +15,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import gguf
 import llvmlite.binding as llvm
 import numpy as np
@@ -27,9 +29,13 @@ from refllm.kernels import int8_intrinsics as isa
 from refllm.kernels.int8_matmul import INT8_FORMATS, int8_matmul, int8_matmul_serial, quantize_activations
 from refllm.kernels.intrinsics import sum16
 from refllm.kernels.quant_formats import FORMAT_CODES
+import refllm
+from refllm.models.llama import ModelDtypeError
+from refllm.models.weights import weight_leaves
 from refllm.quant.formats import dequantize
-from refllm.quant.linear import QuantizedTensor
+from refllm.quant.linear import QuantizedTensor, UnsupportedActivationsError
 
+HF = Path(__file__).parent / "data" / "hf"
 UNIT_ROUNDOFF = 2.0**-24
 INT8 = sorted(INT8_FORMATS)
 
@@ -165,3 +171,34 @@ def test_against_float32_activations_within_the_quantization_of_x(name, case):
     quantization = (np.abs(weights)[None] * d_of_column[:, None] / 2).sum(-1)  # [T, R]
     rounding = 4 * (x.shape[1] + 4) * UNIT_ROUNDOFF * (np.abs(x).astype(np.float64) @ np.abs(weights).T)
     assert np.all(np.abs(int8.astype(np.float64) - default) <= quantization + 2 * rounding)
+
+
+# ---- the option -----------------------------------------------------------------------------------------
+
+
+def test_the_option_reaches_every_quantized_matrix_that_has_an_int8_product():
+    model = refllm.load_model(HF / "llama", quantize="q4_0", activations="int8")
+    quantized = [leaf for leaf in weight_leaves(model.weights) if isinstance(leaf, QuantizedTensor)]
+    assert quantized and all(leaf.activations == "int8" for leaf in quantized)
+    default = refllm.load_model(HF / "llama", quantize="q4_0")
+    ids = np.array([[3, 17, 99, 5]])
+    int8_logits = model.prefill(ids, model.create_kv_cache(), range(4))
+    assert not np.array_equal(int8_logits, default.prefill(ids, default.create_kv_cache(), range(4)))
+
+
+def test_formats_without_an_int8_product_keep_float32_activations():
+    blocks = np.zeros((2, 144), np.uint8)  # one Q4_K super-block a row
+    assert QuantizedTensor(blocks, "Q4_K", (2, 256), "int8").activations == "float32"
+
+
+@pytest.mark.parametrize(
+    "keywords", [{"quantize": "q8_0", "activations": "int4"}, {"activations": "int8"}, {"activations": "int8", "reference": True}]
+)
+def test_settings_that_cannot_run_are_refused_before_loading(keywords):
+    with pytest.raises(ModelDtypeError, match="activations"):
+        refllm.load_model(HF / "no such model", **keywords)
+
+
+def test_a_quantized_tensor_refuses_unknown_activations():
+    with pytest.raises(UnsupportedActivationsError, match="int4"):
+        QuantizedTensor(np.zeros((1, 18), np.uint8), "Q4_0", (1, 32), "int4")

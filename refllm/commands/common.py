@@ -11,7 +11,7 @@ from refllm import catalog, progress
 from refllm.errors import InvalidInputError
 from refllm.kv import CacheConfig
 from refllm.kv.base import blocks_for
-from refllm.loading import open_source
+from refllm.loading import check_activations, open_source, use_activations
 from refllm.memory import available_memory, weight_bytes
 from refllm.models.contract import ModelSource
 from refllm.models.llama import LlamaFamilyModel
@@ -51,15 +51,17 @@ def load(
     quantized: bool = False,
     dtype: str = "float32",
     reference: bool | None = None,
+    activations: str = "float32",
     context: int | None = None,
     context_flag: str = "--context",
 ) -> LlamaFamilyModel:
     """Open the model, refuse what cannot work (before the slow part), then load its weights with progress.
 
-    ``dtype`` and ``reference``: as ``refllm.load_model`` takes them (docs/reference.md).
+    ``dtype``, ``reference`` and ``activations``: as ``refllm.load_model`` takes them (docs/reference.md).
 
     ``context``: the tokens the command will hold at once (given by ``context_flag``), refused if past the model's.
     """
+    check_activations(activations, quantized)
     source = open_checked(
         name, text=text, chat=chat, quantized=quantized, dtype=dtype, context=context, context_flag=context_flag
     )
@@ -69,7 +71,8 @@ def load(
             f"{name} needs about {size(needed)} for its weights, more than the {size(available)} of memory available"
         )
     with progress.task(f"loading {name}", total=len(checkpoint_shapes(source.config)), unit="tensor") as bar:
-        return LlamaFamilyModel.load(_CountingSource(source, bar.update), dtype, reference)
+        model = LlamaFamilyModel.load(_CountingSource(source, bar.update), dtype, reference)
+    return use_activations(model, activations)
 
 
 def open_checked(

@@ -15,6 +15,7 @@ from refllm import catalog
 from refllm.cluster import LOCAL, import_ray
 from refllm.errors import InvalidInputError
 from refllm.models.llama import DTYPES
+from refllm.quant.formats import ACTIVATIONS
 from refllm.runtime.sampling import SamplingParams, SamplingParamsError
 
 MODEL_HELP = (
@@ -96,21 +97,34 @@ def port_number(text: str) -> int:
 FLOAT32_HELP = "dequantize a GGUF file's weights to float32 instead of multiplying from its blocks"
 DTYPE_HELP = "float32 (default), or float64: ground truth, every step in float64 with the spec ops (slow)"
 REFERENCE_HELP = "run the spec ops (the functions of refllm/nn, plain NumPy) instead of their Numba twins"
+ACTIVATIONS_HELP = (
+    "int8: quantize activations to 8 bits for integer products with Q4_0, Q4_1 and Q8_0 blocks"
+    " (faster, further from float64 truth); default float32"
+)
 
 
 def add_precision_flags(parser: argparse.ArgumentParser, float32: bool = True) -> None:
     """--dtype and --reference (docs/reference.md), and --float32 where quantized blocks are the default."""
     if float32:
         parser.add_argument("--float32", action="store_true", help=FLOAT32_HELP)
+        add_activations_flag(parser)
     parser.add_argument("--dtype", choices=DTYPES, default="float32", help=DTYPE_HELP)
     parser.add_argument("--reference", action="store_true", help=REFERENCE_HELP)
+
+
+def add_activations_flag(parser: argparse.ArgumentParser) -> None:
+    """--activations, where quantized blocks are the default (docs/quantization.md)."""
+    parser.add_argument("--activations", choices=ACTIVATIONS, default="float32", help=ACTIVATIONS_HELP)
 
 
 def precision(args: argparse.Namespace) -> dict:
     """The precision flags as ``common.load``'s keywords: quantized blocks only on the float32 fast path."""
     dtype, reference = args.dtype, args.reference or None
     quantized = not getattr(args, "float32", True) and dtype == "float32" and not reference
-    return {"quantized": quantized, "dtype": dtype, "reference": reference}
+    keywords = {"quantized": quantized, "dtype": dtype, "reference": reference}
+    if getattr(args, "activations", "float32") != "float32":
+        keywords["activations"] = args.activations
+    return keywords
 
 
 def add_generation_flags(parser: argparse.ArgumentParser, max_tokens: int) -> None:

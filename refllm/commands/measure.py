@@ -115,6 +115,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         args.model,
         text=False,
         quantized=not args.float32,
+        activations=args.activations,
         context=prompt_len + new_tokens,
         context_flag="--prompt-tokens plus --new-tokens,",
     )

@@ -22,6 +22,8 @@ The interface is arrays only, so that any model whose layer has this shape can c
     projections      (q, k, v, o, gate, up, down): each a float32 matrix [R, C], or a quantized
                      one's blocks [R, R_bytes] uint8 with its code in ``codes`` (``quant_formats``)
     biases           the seven biases, [R] float32 or [0]
+    int8             quantized projections take int8 activations where their format has an int8
+                     product (``int8_matmul.py``), as ``QuantizedTensor(..., activations="int8")``
     q_norm, k_norm   [E] (each head), [H E] / [K E] (the whole projection), or [0]
     cos, sin         [N, R] float32 of each token's position; R = 0 for a layer without RoPE
     key_cache, value_cache  [blocks, Z, K, E] float32, this layer's part of the arena
@@ -40,6 +42,7 @@ from numba.extending import overload
 from refllm.kernels.activation import _gated_rows
 from refllm.kernels.attention import paged_decode_attention, paged_prefill_attention, write_kv
 from refllm.kernels.dense_matmul import dense_matmul
+from refllm.kernels.int8_matmul import INT8_CODES, int8_matmul, int8_matmul_serial, quantize_activations
 from refllm.kernels.norm import _rms_norm_rows
 from refllm.kernels.quant_matmul import quant_matmul, quant_matmul_serial, quant_matvec, quant_matvec_serial
 from refllm.kernels.rope import _rope_rows
@@ -50,23 +53,29 @@ Q, K, V, O, GATE, UP, DOWN = range(7)
 BEFORE_ATTENTION, AFTER_ATTENTION, BEFORE_MLP, AFTER_MLP = range(4)
 
 
-def project(weights, code, x, bias, parallel_min):
+def project(weights, code, x, bias, int8, parallel_min):
     """x [N, C] @ weights.T (+ bias) -> [N, R]: the fast op set's ``linear``, chosen by the weights' type."""
 
 
 @overload(project)
-def _project(weights, code, x, bias, parallel_min):
+def _project(weights, code, x, bias, int8, parallel_min):
     if weights.dtype == types.float32:
 
-        def dense(weights, code, x, bias, parallel_min):
+        def dense(weights, code, x, bias, int8, parallel_min):
             return _add_bias(dense_matmul(x, weights), bias)
 
         return dense
 
-    def quantized(weights, code, x, bias, parallel_min):
+    def quantized(weights, code, x, bias, int8, parallel_min):
         # as ``QuantizedTensor.matmul``: one token decodes in registers, more take the tiles; a
         # product too small to repay waking the pool stays on this thread
         parallel = x.shape[0] * weights.shape[0] * x.shape[1] >= parallel_min
+        if int8 and INT8_CODES[code]:
+            q, d, quads, sums = quantize_activations(x)
+            product = int8_matmul(weights, code, q, d, quads, sums) if parallel else int8_matmul_serial(
+                weights, code, q, d, quads, sums
+            )
+            return _add_bias(product, bias)
         if x.shape[0] == 1:
             row = quant_matvec(weights, code, x[0]) if parallel else quant_matvec_serial(weights, code, x[0])
             out = row.reshape((1, row.shape[0]))
@@ -114,14 +123,14 @@ def _residual_add(x: np.ndarray, h: np.ndarray) -> np.ndarray:
 @njit(cache=True)
 def _attention_block(
     h, projections, codes, biases, q_norm, k_norm, cos, sin, key_cache, value_cache, block_tables, lengths, slots,
-    num_heads, scale, window, softcap, eps, offset, parallel_min,
+    num_heads, scale, window, softcap, eps, offset, int8, parallel_min,
 ):  # fmt: skip
     """h [N, D] (normed) -> the attention sublayer's output [N, D], its keys and values written."""
     batch, num_new = slots.shape
     _, _, num_kv_heads, head_dim = key_cache.shape
-    q = project(projections[Q], codes[Q], h, biases[Q], parallel_min)
-    k = project(projections[K], codes[K], h, biases[K], parallel_min)
-    v = project(projections[V], codes[V], h, biases[V], parallel_min)
+    q = project(projections[Q], codes[Q], h, biases[Q], int8, parallel_min)
+    k = project(projections[K], codes[K], h, biases[K], int8, parallel_min)
+    v = project(projections[V], codes[V], h, biases[V], int8, parallel_min)
     q = _head_norm(q, q_norm, num_heads, eps, offset).reshape((h.shape[0], num_heads, head_dim))
     k = _head_norm(k, k_norm, num_kv_heads, eps, offset).reshape((h.shape[0], num_kv_heads, head_dim))
     if cos.shape[1] > 0:
@@ -139,22 +148,22 @@ def _attention_block(
             q.reshape((batch, num_new, num_heads, head_dim)), key_cache, value_cache, block_tables, lengths,
             scale, window, softcap,
         ).reshape((h.shape[0], num_heads * head_dim))  # fmt: skip
-    return project(projections[O], codes[O], out, biases[O], parallel_min)
+    return project(projections[O], codes[O], out, biases[O], int8, parallel_min)
 
 
 @njit(cache=True)
-def _mlp_block(h, projections, codes, biases, gelu, parallel_min):
+def _mlp_block(h, projections, codes, biases, gelu, int8, parallel_min):
     """h [N, D] (normed) -> down(act(gate(h)) * up(h)) [N, D]."""
-    gate = project(projections[GATE], codes[GATE], h, biases[GATE], parallel_min)
-    up = project(projections[UP], codes[UP], h, biases[UP], parallel_min)
+    gate = project(projections[GATE], codes[GATE], h, biases[GATE], int8, parallel_min)
+    up = project(projections[UP], codes[UP], h, biases[UP], int8, parallel_min)
     activated = _gated_rows(gate.reshape(-1), up.reshape(-1), gelu).reshape(gate.shape)
-    return project(projections[DOWN], codes[DOWN], activated, biases[DOWN], parallel_min)
+    return project(projections[DOWN], codes[DOWN], activated, biases[DOWN], int8, parallel_min)
 
 
 @njit(cache=True)
 def decoder_layer(
     x, norms, projections, codes, biases, q_norm, k_norm, cos, sin, key_cache, value_cache, block_tables, lengths,
-    slots, num_heads, scale, window, softcap, eps, offset, gelu, parallel_min,
+    slots, num_heads, scale, window, softcap, eps, offset, gelu, int8, parallel_min,
 ):  # fmt: skip
     """One dense decoder layer (the module's docstring has the arrays) -> the new residual stream [N, D].
 
@@ -164,9 +173,9 @@ def decoder_layer(
     h = _norm(x, norms[BEFORE_ATTENTION], eps, offset)
     attended = _attention_block(
         h, projections, codes, biases, q_norm, k_norm, cos, sin, key_cache, value_cache, block_tables, lengths,
-        slots, num_heads, scale, window, softcap, eps, offset, parallel_min,
+        slots, num_heads, scale, window, softcap, eps, offset, int8, parallel_min,
     )  # fmt: skip
     x = _residual_add(x, _norm(attended, norms[AFTER_ATTENTION], eps, offset))
     h = _norm(x, norms[BEFORE_MLP], eps, offset)
-    mlp = _mlp_block(h, projections, codes, biases, gelu, parallel_min)
+    mlp = _mlp_block(h, projections, codes, biases, gelu, int8, parallel_min)
     return _residual_add(x, _norm(mlp, norms[AFTER_MLP], eps, offset))

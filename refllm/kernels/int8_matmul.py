@@ -146,6 +146,10 @@ ROWS_PER_TASK = 16  # as quant_matmul's tasks
 PREFETCH_ROWS = 12
 
 
+# By format code: whether the int8-activation products read that format (a constant of the kernels)
+INT8_CODES = np.array([name in INT8_FORMATS for name in KERNEL_FORMATS])
+
+
 def int8_reads(format: str) -> bool:
     """Whether the int8-activation products read weights stored in ``format``."""
     return format in INT8_FORMATS

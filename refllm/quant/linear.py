@@ -30,7 +30,7 @@ import numpy as np
 from refllm.kernels.int8_matmul import int8_matmul, int8_matmul_serial, int8_reads, quantize_activations
 from refllm.kernels.quant_formats import FORMAT_CODES, KERNEL_FORMATS
 from refllm.kernels.quant_matmul import quant_matmul, quant_matmul_serial, quant_matvec, quant_matvec_serial
-from refllm.quant.formats import UnsupportedFormatError, dequantize, stored_size
+from refllm.quant.formats import ACTIVATIONS, UnsupportedFormatError, dequantize, stored_size
 from refllm.quant.requantize import REQUANTIZE_FORMATS, requantize
 
 
@@ -54,13 +54,12 @@ def _parallel_min_weights() -> int:
 PARALLEL_MIN_WEIGHTS = _parallel_min_weights()
 
 
-# How a quantized matrix meets its inputs: in float32 (the default: the spec's product to float32
-# rounding), or quantized to 8 bits per block of 32 for integer dot products (refllm/kernels/int8_matmul.py).
-ACTIVATIONS = ("float32", "int8")
-
-
 class QuantizedShapeError(ValueError):
     """An input whose shape or dtype does not fit a quantized matrix."""
+
+
+class UnsupportedActivationsError(ValueError):
+    """An ``activations`` setting that is not one of ACTIVATIONS."""
 
 
 class QuantizedTensor:
@@ -69,8 +68,6 @@ class QuantizedTensor:
     ndim = 2
 
     def __init__(self, blocks: np.ndarray, format: str, shape: tuple[int, int], activations: str = "float32"):
-        if activations not in ACTIVATIONS:
-            raise UnsupportedFormatError(f"activations must be one of {', '.join(ACTIVATIONS)}; got {activations!r}")
         if format not in FORMAT_CODES:
             raise UnsupportedFormatError(
                 f"no quantized kernel reads {format}; they read {', '.join(KERNEL_FORMATS)}"
@@ -89,8 +86,7 @@ class QuantizedTensor:
         self.format = format
         self.shape = (rows, cols)
         self._code = FORMAT_CODES[format]
-        # int8 where a kernel multiplies this format by int8 activations; other formats stay float32
-        self.activations = activations if int8_reads(format) else "float32"
+        self.use_activations(activations)
 
     @classmethod
     def from_raw(cls, raw: np.ndarray, format: str, shape: tuple[int, int]) -> QuantizedTensor:
@@ -102,6 +98,15 @@ class QuantizedTensor:
     def quantize(cls, weights: np.ndarray, format: str) -> QuantizedTensor:
         """Float weights [R, C] -> QuantizedTensor in ``format`` (Q8_0 or Q4_0), as llama.cpp quantizes."""
         return cls(requantize(weights, format), format, weights.shape)
+
+    def use_activations(self, activations: str) -> None:
+        """Multiply activations as ``activations`` says from now on: "int8" where a kernel multiplies
+        this format by int8 activations (Q4_0, Q4_1, Q8_0), float32 for the other formats."""
+        if activations not in ACTIVATIONS:
+            raise UnsupportedActivationsError(
+                f"activations must be one of {', '.join(ACTIVATIONS)}; got {activations!r}"
+            )
+        self.activations = activations if int8_reads(self.format) else "float32"
 
     def with_activations(self, activations: str) -> QuantizedTensor:
         """The same blocks, multiplying activations as ``activations`` says (one of ACTIVATIONS)."""
