@@ -58,8 +58,8 @@ def spread(values: list[float], digits: int = 1) -> str:
 
 
 def bench_file(path: Path, engines: list[str], args: argparse.Namespace) -> dict:
-    for engine in engines:  # untimed: fill Numba's cache, page the file in
-        run_in_process(engine, path, 8, 2, args.threads)
+    for engine in engines:  # untimed: fill Numba's cache, measure the prompt products' kernels, page the file in
+        run_in_process(engine, path, args.prompt_tokens, 2, args.threads)
     runs: dict[str, list[dict]] = {engine: [] for engine in engines}
     bandwidths = []
     for number in range(args.runs):

@@ -77,7 +77,7 @@ def main() -> None:
 
     for engine in engines:
         if engine.startswith("refllm"):
-            run(engine, 8, 2)  # fill Numba's cache
+            run(engine, args.prompt_tokens, 2)  # fill Numba's cache; the prompt products' kernels measured
 
     # (label, engine, threads, busy): the plain runs, or with --busy-check the busy-core comparison
     plan = [(engine, engine, args.threads, False) for engine in engines]

@@ -98,8 +98,8 @@ FLOAT32_HELP = "dequantize a GGUF file's weights to float32 instead of multiplyi
 DTYPE_HELP = "float32 (default), or float64: ground truth, every step in float64 with the spec ops (slow)"
 REFERENCE_HELP = "run the spec ops (the functions of refllm/nn, plain NumPy) instead of their Numba twins"
 ACTIVATIONS_HELP = (
-    "int8: quantize activations to 8 bits for integer products with Q4_0, Q4_1 and Q8_0 blocks"
-    " (faster, further from float64 truth); default float32"
+    "int8: quantize the layers' activations to 8 bits for integer products with Q4_0, Q4_1 and Q8_0"
+    " blocks (faster, further from float64 truth); default float32"
 )
 
 
