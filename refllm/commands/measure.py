@@ -18,7 +18,7 @@ from refllm.io.gguf import GGUFSource
 from refllm.kv import CacheConfig
 from refllm.kv.base import blocks_for
 from refllm.machine import cpu_name, seconds_since_start, thread_settings, vector_extensions
-from refllm.memory import available_memory, weight_bytes
+from refllm.memory import available_memory, peak_memory, weight_bytes
 from refllm.models.contract import ModelSource
 from refllm.models.llama import cache_shape_for
 from refllm.quant.linear import QuantizedTensor
@@ -61,6 +61,11 @@ def cmd_info(args: argparse.Namespace) -> int:
         ),
         "KV cache": f"{common.size(kv_per_token)} per token; {common.size(kv)} for {context:,} tokens",
         "memory": f"{common.size(weights + kv)} for float32 weights and the KV cache"
+        + (
+            f"; peak about {common.size(peak_memory(source, True, kv))} running it quantized"
+            if isinstance(source, GGUFSource)
+            else ""
+        )
         + ("" if available is None else f"; {common.size(available)} available"),
     }
     width = max(map(len, rows))

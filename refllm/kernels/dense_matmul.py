@@ -41,6 +41,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from refllm.kernels.compiler_memory import release as release_compiler_pages
 from refllm.kernels.gemm import GEMM_TOKENS, prompt_matmul
 from refllm.kernels.intrinsics import LANES, load16, multiply_add16, prefetch, sum16, zeros16
 
@@ -175,4 +176,5 @@ def linear(x: np.ndarray, weight, bias: np.ndarray | None = None) -> np.ndarray:
         y = y.reshape(*x.shape[:-1], weight.shape[0])
     else:
         y = weight.matmul(x)
+    release_compiler_pages()  # once the first products have loaded their kernels: before most weights are read
     return y if bias is None else y + bias

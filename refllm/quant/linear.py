@@ -54,6 +54,33 @@ def _parallel_min_weights() -> int:
 PARALLEL_MIN_WEIGHTS = _parallel_min_weights()
 
 
+_loaded: set[str] = set()  # the activations whose products' kernels this process has loaded
+
+
+def _load_kernels(activations: str) -> None:
+    """Load the products of a model's passes (a prompt's, a decode step's) together, on a tiny matrix,
+    the first time a product with ``activations`` runs.
+
+    Loading a kernel runs Numba's compiler, whose pages ``refllm/kernels/compiler_memory.py`` then
+    drops from the resident set. Loaded at the first product of a forward pass, before most weights
+    are read, they no longer load at its end (the LM head's decode product after a prompt), when
+    the compiler's pages would have sat on top of every weight (45 MB of a 1B model's peak)."""
+    if activations in _loaded:
+        return
+    _loaded.add(activations)
+    blocks = np.zeros((4, FORMAT_BLOCK_BYTES), np.uint8)
+    blocks.flags.writeable = False  # as every QuantizedTensor's blocks: the same compiled kernels
+    x = np.zeros((2, 32), np.float32)
+    if activations == "int8":
+        int8_matmul(blocks, FORMAT_CODES["Q4_0"], *quantize_activations(x))
+    else:
+        quant_matvec(blocks, FORMAT_CODES["Q4_0"], x[0])
+        quant_matmul(blocks, FORMAT_CODES["Q4_0"], x)
+
+
+FORMAT_BLOCK_BYTES = 18  # one Q4_0 block: 32 weights
+
+
 class QuantizedShapeError(ValueError):
     """An input whose shape or dtype does not fit a quantized matrix."""
 
@@ -129,6 +156,7 @@ class QuantizedTensor:
                 f" got {getattr(x, 'dtype', type(x).__name__)} {getattr(x, 'shape', '')}"
             )
         tokens = np.ascontiguousarray(x.reshape(-1, cols))  # [T, C]
+        _load_kernels(self.activations)
         # From two tokens on, decoding each row once and multiplying it into every token beats
         # decoding it in registers once per token (benchmarks/bench_quant_kernels.py --crossover).
         parallel = len(tokens) * rows * cols >= PARALLEL_MIN_WEIGHTS
