@@ -21,7 +21,7 @@ from typing import Any
 from refllm.architectures import READERS, SUPPORTED_ARCHITECTURES
 from refllm.architectures.deepseek import GroupedExperts, LatentAttention
 from refllm.architectures.keys import HFKeys
-from refllm.config_checks import check_fields, check_layers
+from refllm.config_checks import MAX_LAYERS, check_fields, check_layer_types, check_layers
 from refllm.errors import ConfigError
 from refllm.moe_parameters import MoeParameters
 from refllm.rope_parameters import FULL_ATTENTION, LAYER_TYPES, ROPE_TYPES, SLIDING_ATTENTION, RopeParameters
@@ -181,7 +181,11 @@ class ModelConfig:
                 f"unsupported model_type {model_type!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
         try:
-            return cls(**READERS[model_type](HFKeys(config)))
+            keys = HFKeys(config)
+            if keys.items("layer_types") is not None:  # even where the family derives its own
+                layers = keys.size("num_hidden_layers", high=MAX_LAYERS)
+                check_layer_types(keys.items("layer_types"), LAYER_TYPES, layers)
+            return cls(**READERS[model_type](keys))
         except ConfigError:
             raise
         except (TypeError, ValueError, AttributeError, OverflowError, ZeroDivisionError) as error:

@@ -92,6 +92,18 @@ def check_number(value: Any, name: str, *, positive: bool = False) -> float:
     return checked(value, name, POSITIVE if positive else FINITE)
 
 
+# config.json's yes-or-no keys: each true, false or null (``bool`` would read "false", 3 or [0] as true).
+FLAG_KEYS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window", "norm_topk_prob",
+             "rope_interleave")  # fmt: skip
+
+
+def check_flags(config: dict[str, Any]) -> None:
+    """Every key of ``FLAG_KEYS`` in ``config`` true, false or null."""
+    for key in FLAG_KEYS:
+        if config.get(key) is not None and not isinstance(config[key], bool):
+            raise ConfigError(f"{key} must be true or false; got {config[key]!r:.60}")
+
+
 def check_token_id(value: Any, name: str) -> int | None:
     """A token id (an integer >= 0) or None."""
     if value is None:
@@ -146,14 +158,18 @@ def check_layer_indices(indices: Iterable[Any], name: str, num_layers: int) -> N
         seen.add(layer)
 
 
-def check_layers(config: Any, layer_types: Iterable[str]) -> None:
+def check_layer_types(layer_types: tuple[Any, ...], known: tuple[str, ...], num_layers: int) -> None:
+    """One attention type per layer, each one of ``known`` (an unknown one would silently run as full attention)."""
+    if len(layer_types) != num_layers:
+        raise ConfigError(f"layer_types has {len(layer_types)} entries for {num_layers} layers")
+    for layer, layer_type in enumerate(layer_types):
+        if layer_type not in known:
+            raise ConfigError(f"layer_types gives layer {layer} the type {layer_type!r:.40}; known: {', '.join(known)}")
+
+
+def check_layers(config: Any, known_types: tuple[str, ...]) -> None:
     """The per-layer lists of a ModelConfig: one known type per layer, layer indices within range."""
-    if len(config.layer_types) != config.num_hidden_layers:
-        raise ConfigError(f"layer_types has {len(config.layer_types)} entries for {config.num_hidden_layers} layers")
-    for layer, layer_type in enumerate(config.layer_types):
-        if layer_type not in layer_types:
-            known = ", ".join(layer_types)
-            raise ConfigError(f"layer_types gives layer {layer} the type {layer_type!r:.40}; known: {known}")
+    check_layer_types(config.layer_types, known_types, config.num_hidden_layers)
     check_layer_indices(config.nope_layers, "nope_layers", config.num_hidden_layers)
     if config.moe is not None:
         check_layer_indices(config.moe.mlp_only_layers, "mlp_only_layers", config.num_hidden_layers)

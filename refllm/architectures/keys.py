@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from refllm.config_checks import MAX_LAYERS, check_number, check_size
+from refllm.config_checks import MAX_LAYERS, check_flags, check_number, check_size
 from refllm.errors import ConfigError
 from refllm.rope_parameters import FULL_ATTENTION, LAYER_TYPES, SLIDING_ATTENTION, RopeParameters
 
@@ -17,6 +17,7 @@ class HFKeys:
     """config.json access that names the missing key in its error."""
 
     def __init__(self, config: dict[str, Any]):
+        check_flags(config)  # on arrival: the readers take them with bool()
         self.config = config
 
     def require(self, key: str) -> Any:
