@@ -67,7 +67,8 @@ class RopeParameters:
             raise ConfigError(f"rope type {self.rope_type!r} needs original_max_position_embeddings")
         if self.rope_type == "llama3" and self.high_freq_factor <= self.low_freq_factor:
             raise ConfigError(  # the band between them is divided by their difference
-                f"rope high_freq_factor ({self.high_freq_factor}) must be above low_freq_factor ({self.low_freq_factor})"
+                f"rope high_freq_factor ({self.high_freq_factor}) must be above"
+                f" low_freq_factor ({self.low_freq_factor})"
             )
         if self.rope_type == "yarn" and self.beta_fast < self.beta_slow:
             raise ConfigError(  # the ramp would run backwards

@@ -35,7 +35,8 @@ def read_mistral(keys: HFKeys) -> dict[str, Any]:
 def read_qwen(keys: HFKeys) -> dict[str, Any]:
     # use_sliding_window: false makes the sliding_window value inert.
     window = keys.get("sliding_window") if keys.get("use_sliding_window", False) else None
-    layer_types = window_layer_types(keys, window, checked(keys.get("max_window_layers", 28), "max_window_layers", COUNT))
+    first_window_layer = checked(keys.get("max_window_layers", 28), "max_window_layers", COUNT)
+    layer_types = window_layer_types(keys, window, first_window_layer)
     is_qwen3 = keys.require("model_type") == "qwen3"
     qwen3_bias = bool(keys.get("attention_bias", False))
     return dict(
