@@ -111,6 +111,14 @@ def test_metadata_out_of_bounds_is_refused_by_name(seeds, tmp_path, key, value, 
     assert str(path) in refused(path, GGUFFileError, match)
 
 
+def test_an_expert_count_without_its_expert_tensors_is_refused_before_anything_per_expert(seeds, tmp_path):
+    with_used, path = tmp_path / "used.gguf", tmp_path / "experts.gguf"
+    gguf_with(seeds.gguf, with_used, "llama.expert_used_count", 2)
+    gguf_with(with_used, path, "llama.expert_count", 10**7)  # a dense llama file: a Mixtral of one tensor per expert
+    message = refused(path, GGUFFileError, "metadata llama.expert_count gives 10000000 experts per sparse layer, but")
+    assert str(path) in message and "its tensors hold no expert tensors" in message
+
+
 def test_info_on_a_file_of_2_to_the_28_layers_is_one_sentence(seeds, tmp_path, capsys):
     path = tmp_path / "layers.gguf"
     gguf_with(seeds.gguf, path, "llama.block_count", 2**28)

@@ -64,14 +64,15 @@ def expert_layout(config: ModelConfig, tensor_names: Iterable[str]) -> str:
 def check_expert_count(config: ModelConfig, tensor_names: Iterable[str], where: str) -> None:
     """Refuse, naming ``where`` (the file and its key), a per-expert checkpoint whose tensors hold other experts
     than the config's count, numbered 0 to X - 1; fused and stacked ones compare shapes, and pass here."""
-    experts = config.experts
     names = list(tensor_names)
-    if experts is None or any(name.endswith(".mlp.experts.gate_up_proj") for name in names):
-        return  # dense, or fused (DeepSeek-V3's too: ``deepseek_view`` compares its shape)
+    if not any(config.is_sparse(layer) for layer in range(config.num_hidden_layers)):
+        return  # dense
+    if any(name.endswith(".mlp.experts.gate_up_proj") for name in names):
+        return  # fused (DeepSeek-V3's too: ``deepseek_view`` compares its shape)
     if config.grouped_experts is None and expert_layout(config, names) != PER_EXPERT:
         return
     present = {int(match.group(1)) for name in names if (match := _EXPERT_NAME.match(name))}
-    count = experts.num_experts
+    count = config.experts.num_experts
     if len(present) != count or max(present, default=-1) != count - 1:
         held = f"{len(present)} experts numbered up to {max(present)}" if present else "no expert tensors"
         raise ConfigError(f"{where} gives {count} experts per sparse layer, but its tensors hold {held}")
