@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -52,7 +53,9 @@ class Bound:
     def holds(self, value: Any) -> bool:
         if isinstance(value, bool) or not isinstance(value, int if self.kind is int else (int, float)):
             return False
-        if not math.isfinite(value) or value > self.high:
+        if isinstance(value, float) and not math.isfinite(value) or abs(value) > sys.float_info.max:
+            return False  # NaN, an infinity, or an integer past every float
+        if value > self.high:
             return False
         return value > self.low if self.above else value >= self.low
 
