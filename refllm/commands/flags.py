@@ -12,7 +12,7 @@ import re
 import sys
 
 from refllm import catalog
-from refllm.cluster import LOCAL, import_ray
+from refllm.cluster import LOCAL, check_reachable, import_ray
 from refllm.errors import InvalidInputError
 from refllm.models.llama import DTYPES
 from refllm.runtime.sampling import SamplingParams, SamplingParamsError
@@ -186,7 +186,7 @@ def add_cluster_flags(parser: argparse.ArgumentParser, shards_help: str) -> None
 def cluster_options(args: argparse.Namespace) -> dict | None:
     """The cluster flags as the ``*_on_ray`` functions' keywords; None without --ray, where the others are refused.
 
-    With --ray, Ray must be installed: said before anything loads.
+    With --ray, Ray must be installed and its address answer: said before anything loads.
     """
     if args.ray is None:
         given = [flag for flag in ("workers", "shard_size", "shards") if getattr(args, flag) is not None]
@@ -194,4 +194,5 @@ def cluster_options(args: argparse.Namespace) -> dict | None:
             raise UsageError(f"argument --{given[0].replace('_', '-')}: only with --ray")
         return None
     import_ray()
+    check_reachable(args.ray)
     return {"address": args.ray, "workers": args.workers, "shard_size": args.shard_size or 1, "shards": args.shards}
