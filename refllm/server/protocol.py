@@ -301,9 +301,17 @@ def completion_logprobs(entries: list[TokenLogprob], offset: int) -> dict[str, A
     return {
         "tokens": [t for t, _, _ in entries],
         "token_logprobs": [clamp(lp) for _, lp, _ in entries],
-        "top_logprobs": [{a: clamp(alp) for a, alp in top} for _, _, top in entries],
+        "top_logprobs": [_most_likely_per_text(top) for _, _, top in entries],
         "text_offset": offsets,
     }
+
+
+def _most_likely_per_text(top: list[tuple[str, float]]) -> dict[str, float]:
+    """A top-n (most likely first) keyed by text: tokens that decode alike keep the first, most likely, value."""
+    by_text: dict[str, float] = {}
+    for text, logprob in top:
+        by_text.setdefault(text, clamp(logprob))
+    return by_text
 
 
 def sse(data: dict[str, Any] | str) -> str:
