@@ -24,7 +24,8 @@ def exchange(connection: socket.socket, request: bytes) -> bytes:
     while b"\r\n\r\n" not in answer:
         answer += connection.recv(4096)
     head, _, body = answer.partition(b"\r\n\r\n")
-    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    lengths = [line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")]
+    length = int(lengths[0])
     while len(body) < length:
         body += connection.recv(4096)
     return head
@@ -46,7 +47,8 @@ def test_a_whole_request_keeps_the_connection_and_a_refusal_before_the_body_clos
 def test_a_refusal_by_the_api_key_check_closes_a_connection_whose_body_it_did_not_read(engine):
     with BackgroundServer(create_app(engine, model_name=MODEL, api_key=KEY)) as keyed:
         with socket.create_connection(address(keyed)) as connection:
-            head = exchange(connection, b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 9\r\n\r\n{")
+            unread = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 9\r\n\r\n{"
+            head = exchange(connection, unread)
             assert head.startswith(b"HTTP/1.1 401") and b"connection: close" in head.lower()
             assert rest_until_closed(connection) == b""
 
