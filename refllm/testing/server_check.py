@@ -263,10 +263,11 @@ def cmd_check(args: argparse.Namespace) -> int:
             return 1
         print(results[-1].line(index), flush=True)
     kl = [v for r in results for v in r.kl_top_k]
+    bounds = [v for r in results for v in r.kl_bounds]
     same = [v for r in results for v in r.same_top]
-    print(f"top-{args.top_k} KL over {len(kl)} steps: mean {np.mean(kl):.4g}, max {np.max(kl):.4g}"
-          f" (bound per step: 2 x the {profile.name} profile's logit allowance, {profile.describe()});"
-          f" same top token {100 * np.mean(same):.1f}%")  # fmt: skip
+    print(f"top-{args.top_k} KL over {len(kl)} steps: mean {np.mean(kl):.4g}, max {np.max(kl):.4g} (bound per step:"
+          f" 2 x the {profile.name} profile's logit allowance of {profile.describe()}, here {min(bounds):.3g} to"
+          f" {max(bounds):.3g}); same top token {100 * np.mean(same):.1f}%")  # fmt: skip
     if check.prompt_as_text:
         print("the server takes no token-id prompts: prompts were sent as text, which it tokenizes itself")
     print(f"prompt logprobs: {check.prompt_logprobs(prompts[0])}")
