@@ -301,6 +301,13 @@ def test_over_tls_a_correct_server_passes_and_a_late_one_fails_within_the_deadli
         assert code == 1 and lines[-1] == f"prompt 0 FAIL: {LATE}" and seconds < TIMEOUT + 3
 
 
+def test_no_server_at_the_address_is_one_line(capsys, tiny):
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))  # a port nobody listens on
+        code, lines, seconds, _ = check(capsys, f"http://127.0.0.1:{closed.getsockname()[1]}/v1", tiny)
+    assert code == 1 and lines[-1].startswith("prompt 0 FAIL: ") and "refused" in lines[-1] and seconds < TIMEOUT
+
+
 def test_the_run_has_a_deadline_of_its_own(capsys, fake, tiny):
     code, lines, seconds, _ = check(capsys, fake(endless(b" ", 0.5, chunked=True)), tiny, "--run-timeout", "1")
     assert code == 1 and seconds < 4
