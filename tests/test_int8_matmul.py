@@ -176,10 +176,11 @@ def test_against_float32_activations_within_the_quantization_of_x(name, case):
 # ---- the option -----------------------------------------------------------------------------------------
 
 
-def test_the_option_reaches_every_quantized_matrix_that_has_an_int8_product():
+def test_the_option_reaches_every_quantized_matrix_of_the_layers_and_the_lm_head_keeps_float32():
     model = refllm.load_model(HF / "llama", quantize="q4_0", activations="int8")
-    quantized = [leaf for leaf in weight_leaves(model.weights) if isinstance(leaf, QuantizedTensor)]
+    quantized = [leaf for leaf in weight_leaves(model.weights.layers) if isinstance(leaf, QuantizedTensor)]
     assert quantized and all(leaf.activations == "int8" for leaf in quantized)
+    assert model.weights.lm_head.activations == "float32"
     default = refllm.load_model(HF / "llama", quantize="q4_0")
     ids = np.array([[3, 17, 99, 5]])
     int8_logits = model.prefill(ids, model.create_kv_cache(), range(4))
