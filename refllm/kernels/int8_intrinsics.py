@@ -266,15 +266,21 @@ def float32x16_of(typingctx, lanes):
 
 
 @intrinsic
-def pair16(typingctx, first, second):
-    """16 float32 lanes: ``first`` in lanes 0-7, ``second`` in lanes 8-15."""
-    if not (first == second == types.float32):
+def half_pair16(typingctx, row, first, second, scale_first, scale_second):
+    """16 float32 lanes: the float16 at byte ``first`` of a byte row times ``scale_first`` in lanes 0-7,
+    the one at ``second`` times ``scale_second`` in lanes 8-15 (a block pair's scales; the conversion
+    is exact, and ``vcvtph2ps`` where the CPU has F16C)."""
+    if not (_byte_array(row) and scale_first == scale_second == types.float32):
         return None
 
     def codegen(context, builder, signature, args):
-        vector = ir.Constant(ir.VectorType(ir.FloatType(), 2), ir.Undefined)
-        vector = builder.insert_element(vector, args[0], _I32(0))
-        vector = builder.insert_element(vector, args[1], _I32(1))
-        return builder.shuffle_vector(vector, vector, _indices([0] * 8 + [1] * 8))
+        halves = ir.Constant(ir.VectorType(ir.HalfType(), 2), ir.Undefined)
+        scales = ir.Constant(ir.VectorType(ir.FloatType(), 2), ir.Undefined)
+        for lane, (at, scale) in enumerate(((args[1], args[3]), (args[2], args[4]))):
+            value = builder.load(_address(context, builder, signature.args[0], args[0], at, ir.HalfType()), align=1)
+            halves = builder.insert_element(halves, value, _I32(lane))
+            scales = builder.insert_element(scales, scale, _I32(lane))
+        pair = builder.fmul(builder.fpext(halves, ir.VectorType(ir.FloatType(), 2)), scales)
+        return builder.shuffle_vector(pair, pair, _indices([0] * 8 + [1] * 8))
 
-    return float32x16(first, second), codegen
+    return float32x16(row, first, second, scale_first, scale_second), codegen

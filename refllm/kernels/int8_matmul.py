@@ -39,12 +39,11 @@ from refllm.kernels.int8_intrinsics import (
     load_bytes64,
     load_int32x16,
     nibble_pair64,
-    pair16,
+    half_pair16,
     signed_by64,
     zeros_int32x16,
 )
-from refllm.kernels.intrinsics import multiply_add16, prefetch, sum16, zeros16
-from refllm.kernels.quant_fields import f16
+from refllm.kernels.intrinsics import add16, multiply_add16, prefetch, sum16, zeros16
 from refllm.kernels.quant_formats import KERNEL_FORMATS, by_code
 
 BLOCK = 32  # weights (and activations) per block
@@ -86,7 +85,7 @@ def _int8_dot4(type_size: int, quants_at: int, kind: int):
     """-> dot4 of one format: four rows [R_bytes] uint8 . one token's quantized activations -> four float32."""
 
     @njit(inline="always")
-    def add_pair(row, g, second, s, offsets, scale_first, scale_second, lanes, extra, sums):
+    def add_pair(row, g, second, s, offsets, scale_first, scale_second, lanes, sums):
         at_first, at_second = type_size * g, type_size * second
         if kind == SIGNED_BYTES:
             w = byte_pair64(row, at_first + quants_at, at_second + quants_at)
@@ -95,11 +94,11 @@ def _int8_dot4(type_size: int, quants_at: int, kind: int):
             ints = dot_u8s8(nibble_pair64(row, at_first + quants_at, at_second + quants_at), s, offsets, ISA)
         else:
             ints = dot_u8s8(nibble_pair64(row, at_first + quants_at, at_second + quants_at), s, zeros_int32x16(), ISA)
-        a_first, a_second = f16(row, at_first), f16(row, at_second)
-        lanes = multiply_add16(float32x16_of(ints), pair16(a_first * scale_first, a_second * scale_second), lanes)
-        if kind == NIBBLES_WITH_MIN:  # w = d q + m: m d_g (sum q) per block; sums[blocks] is 0
-            extra += f16(row, at_first + 2) * sums[g] + f16(row, at_second + 2) * sums[g + 1]
-        return lanes, extra
+        lanes = multiply_add16(float32x16_of(ints), half_pair16(row, at_first, at_second, scale_first, scale_second), lanes)
+        if kind == NIBBLES_WITH_MIN:  # w = d q + m: m d_g (sum q) a block, an eighth in each of its 8 lanes
+            eighth = np.float32(0.125)
+            lanes = add16(lanes, half_pair16(row, at_first + 2, at_second + 2, sums[g] * eighth, sums[g + 1] * eighth))
+        return lanes
 
     @njit
     def dot4(rows: tuple, ahead: tuple, q: np.ndarray, d: np.ndarray, quads: np.ndarray, sums: np.ndarray) -> tuple:
@@ -107,7 +106,6 @@ def _int8_dot4(type_size: int, quants_at: int, kind: int):
         ahead0, ahead1, ahead2, ahead3 = ahead
         blocks = sums.shape[0] - 1
         lanes0 = lanes1 = lanes2 = lanes3 = zeros16()
-        extra0 = extra1 = extra2 = extra3 = np.float32(0.0)
         for g in range(0, blocks, 2):
             second = min(g + 1, blocks - 1)  # an odd last block pairs with itself, its second half scaled by 0
             at = g * type_size  # a pair of blocks is about a cache line of each row
@@ -118,11 +116,11 @@ def _int8_dot4(type_size: int, quants_at: int, kind: int):
             s = load_bytes64(q, BLOCK * g)
             offsets = load_int32x16(quads, 8 * g) if kind == CENTERED_NIBBLES else zeros_int32x16()
             scale_first, scale_second = d[g], d[g + 1]  # d[blocks] is 0: an odd last block's missing partner
-            lanes0, extra0 = add_pair(row0, g, second, s, offsets, scale_first, scale_second, lanes0, extra0, sums)
-            lanes1, extra1 = add_pair(row1, g, second, s, offsets, scale_first, scale_second, lanes1, extra1, sums)
-            lanes2, extra2 = add_pair(row2, g, second, s, offsets, scale_first, scale_second, lanes2, extra2, sums)
-            lanes3, extra3 = add_pair(row3, g, second, s, offsets, scale_first, scale_second, lanes3, extra3, sums)
-        return sum16(lanes0) + extra0, sum16(lanes1) + extra1, sum16(lanes2) + extra2, sum16(lanes3) + extra3
+            lanes0 = add_pair(row0, g, second, s, offsets, scale_first, scale_second, lanes0, sums)
+            lanes1 = add_pair(row1, g, second, s, offsets, scale_first, scale_second, lanes1, sums)
+            lanes2 = add_pair(row2, g, second, s, offsets, scale_first, scale_second, lanes2, sums)
+            lanes3 = add_pair(row3, g, second, s, offsets, scale_first, scale_second, lanes3, sums)
+        return sum16(lanes0), sum16(lanes1), sum16(lanes2), sum16(lanes3)
 
     return dot4
 
