@@ -42,6 +42,7 @@ from numba.extending import overload
 from refllm.kernels.activation import _gated_rows
 from refllm.kernels.attention import paged_decode_attention, paged_prefill_attention, write_kv
 from refllm.kernels.dense_matmul import dense_matmul
+from refllm.kernels.fused_products import joint_products
 from refllm.kernels.int8_matmul import INT8_CODES, int8_matmul, int8_matmul_serial, quantize_activations
 from refllm.kernels.norm import _rms_norm_rows
 from refllm.kernels.quant_matmul import quant_matmul, quant_matmul_serial, quant_matvec, quant_matvec_serial
@@ -86,6 +87,56 @@ def _project(weights, code, x, bias, int8, parallel_min):
     return quantized
 
 
+def project_jointly(projections, codes, which, x, biases, int8, parallel_min):
+    """The projections ``which`` (a tuple of indices) of one input x -> a tuple of outputs: quantized
+    matrices of one type in one parallel region (``fused_products.py``), others one at a time."""
+
+
+@overload(project_jointly)
+def _project_jointly(projections, codes, which, x, biases, int8, parallel_min):
+    if not all(isinstance(index, types.IntegerLiteral) for index in which.types):
+        return None
+    chosen = [projections.types[index.literal_value] for index in which.types]
+    if all(m == chosen[0] for m in chosen) and chosen[0].dtype == types.uint8:
+        if len(chosen) == 3:
+
+            def joint3(projections, codes, which, x, biases, int8, parallel_min):
+                a, b, c = which
+                first, second, third = joint_products(
+                    (projections[a], projections[b], projections[c]), (codes[a], codes[b], codes[c]), x, int8
+                )
+                return _add_bias(first, biases[a]), _add_bias(second, biases[b]), _add_bias(third, biases[c])
+
+            return joint3
+
+        def joint2(projections, codes, which, x, biases, int8, parallel_min):
+            a, b = which
+            first, second = joint_products((projections[a], projections[b]), (codes[a], codes[b]), x, int8)
+            return _add_bias(first, biases[a]), _add_bias(second, biases[b])
+
+        return joint2
+    if len(chosen) == 3:
+
+        def apart3(projections, codes, which, x, biases, int8, parallel_min):
+            a, b, c = which
+            return (
+                project(projections[a], codes[a], x, biases[a], int8, parallel_min),
+                project(projections[b], codes[b], x, biases[b], int8, parallel_min),
+                project(projections[c], codes[c], x, biases[c], int8, parallel_min),
+            )
+
+        return apart3
+
+    def apart2(projections, codes, which, x, biases, int8, parallel_min):
+        a, b = which
+        return (
+            project(projections[a], codes[a], x, biases[a], int8, parallel_min),
+            project(projections[b], codes[b], x, biases[b], int8, parallel_min),
+        )
+
+    return apart2
+
+
 @njit(cache=True)
 def _add_bias(out: np.ndarray, bias: np.ndarray) -> np.ndarray:
     if bias.shape[0] == 0:
@@ -128,9 +179,7 @@ def _attention_block(
     """h [N, D] (normed) -> the attention sublayer's output [N, D], its keys and values written."""
     batch, num_new = slots.shape
     _, _, num_kv_heads, head_dim = key_cache.shape
-    q = project(projections[Q], codes[Q], h, biases[Q], int8, parallel_min)
-    k = project(projections[K], codes[K], h, biases[K], int8, parallel_min)
-    v = project(projections[V], codes[V], h, biases[V], int8, parallel_min)
+    q, k, v = project_jointly(projections, codes, (Q, K, V), h, biases, int8, parallel_min)
     q = _head_norm(q, q_norm, num_heads, eps, offset).reshape((h.shape[0], num_heads, head_dim))
     k = _head_norm(k, k_norm, num_kv_heads, eps, offset).reshape((h.shape[0], num_kv_heads, head_dim))
     if cos.shape[1] > 0:
@@ -154,8 +203,7 @@ def _attention_block(
 @njit(cache=True)
 def _mlp_block(h, projections, codes, biases, gelu, int8, parallel_min):
     """h [N, D] (normed) -> down(act(gate(h)) * up(h)) [N, D]."""
-    gate = project(projections[GATE], codes[GATE], h, biases[GATE], int8, parallel_min)
-    up = project(projections[UP], codes[UP], h, biases[UP], int8, parallel_min)
+    gate, up = project_jointly(projections, codes, (GATE, UP), h, biases, int8, parallel_min)
     activated = _gated_rows(gate.reshape(-1), up.reshape(-1), gelu).reshape(gate.shape)
     return project(projections[DOWN], codes[DOWN], activated, biases[DOWN], int8, parallel_min)
 
