@@ -90,12 +90,14 @@ def report(path: Path, result: dict, args: argparse.Namespace) -> None:
         budget = file_bytes + runs[0]["kv_bytes"] + MEMORY_ALLOWANCE
         print(f"| {engine} | {spread(rates)} | {spread([r['prefill_tokens_per_s'] for r in runs])}"
               f" | {statistics.median(r['load_s'] for r in runs):.2f} | {spread(streamed)}"
-              f" | {statistics.median(streamed) / bandwidth:.0%} | {statistics.median(r['peak_rss'] for r in runs) / 1e6:.0f} MB"
+              f" | {statistics.median(streamed) / bandwidth:.0%}"
+              f" | {statistics.median(r['peak_rss'] for r in runs) / 1e6:.0f} MB"
               f" | {above / 1e6:.0f} MB | {budget / 1e6:.0f} MB{'' if above <= budget else ' (over)'} |")  # fmt: skip
     if "llama.cpp" in decode:
         for engine in decode:
             if engine != "llama.cpp":
-                prefill = [statistics.median(r["prefill_tokens_per_s"] for r in result["runs"][e]) for e in (engine, "llama.cpp")]
+                prefill = [statistics.median(r["prefill_tokens_per_s"] for r in result["runs"][name])
+                           for name in (engine, "llama.cpp")]  # fmt: skip
                 print(f"{engine} / llama.cpp: decode {decode[engine] / decode['llama.cpp']:.2f}x,"
                       f" prefill {prefill[0] / prefill[1]:.2f}x")  # fmt: skip
 

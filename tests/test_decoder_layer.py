@@ -95,7 +95,8 @@ def draw_weights(case: dict) -> dict:
             float64[name] = dequantize(blocks, case["format"], shape, np.float64)
         bias = (rng.standard_normal(shape[0]) * 0.5).astype(np.float32) if case["biases"] else None
         for table in (held, float32, float64):
-            table[name + "_bias"] = None if bias is None else bias.astype(table[name].dtype if table is float64 else np.float32)
+            dtype = np.float64 if table is float64 else np.float32
+            table[name + "_bias"] = None if bias is None else bias.astype(dtype)
     norm_width = {"none": 0, "head": E, "whole": None}[case["qk_norm"]]
     for name, heads in (("q_norm", H), ("k_norm", K)):
         width = heads * E if norm_width is None else norm_width
@@ -165,7 +166,8 @@ def layer_op_by_op(ops, case: dict, w: dict, arena: PagedKVArena, x: np.ndarray)
 
     def mlp(h):
         gate, up = ops.linear(h, w["gate"], w["gate_bias"]), ops.linear(h, w["up"], w["up_bias"])
-        return ops.linear(ops.gated(gate, up, "gelu_pytorch_tanh" if case["gelu"] else "silu"), w["down"], w["down_bias"])
+        activated = ops.gated(gate, up, "gelu_pytorch_tanh" if case["gelu"] else "silu")
+        return ops.linear(activated, w["down"], w["down_bias"])
 
     arena.reserve(seq_ids, T)
     with ops.running():
@@ -184,7 +186,8 @@ def layer_compiled(case: dict, w: dict, arena: PagedKVArena, x: np.ndarray) -> n
     tables = np.zeros((B, max(len(arena.block_table(s)) for s in seq_ids)), np.int32)
     for s in seq_ids:
         tables[s, : len(arena.block_table(s))] = arena.block_table(s)
-    slots = np.take_along_axis(tables, positions // case["block_size"], 1) * case["block_size"] + positions % case["block_size"]
+    block_size = case["block_size"]
+    slots = np.take_along_axis(tables, positions // block_size, 1) * block_size + positions % block_size
     empty = np.zeros(0, np.float32)
 
     def array(value):
@@ -254,8 +257,8 @@ def test_float32_and_quantized_weights_mix_in_one_layer(new_tokens):
     """A file may keep some matrices of a layer in F32 beside quantized ones: each projection
     takes the kernel of its own type."""
     case = {"kv_heads": 1, "heads": 2, "head_dim": 32, "hidden": 64, "intermediate": 64, "format": "Q4_1",
-            "int8": False, "rotary": 32, "norms": "pre", "biases": False, "qk_norm": "none", "window": 0, "softcap": 0.0,
-            "gelu": False, "block_size": 16, "prefixes": [5], "new_tokens": new_tokens, "seed": 9}  # fmt: skip
+            "int8": False, "rotary": 32, "norms": "pre", "biases": False, "qk_norm": "none", "window": 0,
+            "softcap": 0.0, "gelu": False, "block_size": 16, "prefixes": [5], "new_tokens": new_tokens, "seed": 9}  # fmt: skip
     weights = draw_weights(case)
     weights["held"]["v"], weights["held"]["down"] = weights["float32"]["v"], weights["float32"]["down"]
     runs = run_all(case, weights)

@@ -99,7 +99,8 @@ def test_activations_quantize_as_their_numpy_twin_bit_for_bit(case):
     np.testing.assert_array_equal(d[:, :groups].view(np.uint32), d_spec.view(np.uint32))
     assert not q[:, cols:].any() and not d[:, groups:].any() and not sums[:, groups:].any()
     np.testing.assert_array_equal(quads[:, : cols // 4], -8 * q_spec.reshape(len(x), -1, 4).astype(np.int32).sum(-1))
-    np.testing.assert_array_equal(sums[:, :groups], d_spec * q_spec.reshape(len(x), groups, 32).sum(-1).astype(np.float32))
+    block_sums = q_spec.reshape(len(x), groups, 32).sum(-1).astype(np.float32)
+    np.testing.assert_array_equal(sums[:, :groups], d_spec * block_sums)
 
 
 def _lane_total(chosen: int):
@@ -193,7 +194,8 @@ def test_formats_without_an_int8_product_keep_float32_activations():
 
 
 @pytest.mark.parametrize(
-    "keywords", [{"quantize": "q8_0", "activations": "int4"}, {"activations": "int8"}, {"activations": "int8", "reference": True}]
+    "keywords",
+    [{"quantize": "q8_0", "activations": "int4"}, {"activations": "int8"}, {"activations": "int8", "reference": True}],
 )
 def test_settings_that_cannot_run_are_refused_before_loading(keywords):
     with pytest.raises(ModelDtypeError, match="activations"):

@@ -31,10 +31,12 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
-from refllm.kernels.intrinsics import _address, float32x16
+from refllm.kernels.intrinsics import element_address, float32x16, vector_load
 
 VNNI512, VNNI256, MADD512, MADD256, GENERIC = range(5)
-ISA_NAMES = ("vpdpbusd (AVX-512 VNNI)", "vpdpbusd (AVX-VNNI)", "vpmaddubsw (AVX-512 BW)", "vpmaddubsw (AVX2)", "generic")
+ISA_NAMES = (
+    "vpdpbusd (AVX-512 VNNI)", "vpdpbusd (AVX-VNNI)", "vpmaddubsw (AVX-512 BW)", "vpmaddubsw (AVX2)", "generic"
+)
 
 
 def host_isa(features: dict[str, bool] | None = None) -> int:
@@ -98,7 +100,7 @@ def _indices(values) -> ir.Constant:
 
 
 def _load(context, builder, signature, args, which: int, vector: ir.VectorType):
-    return builder.load(_address(context, builder, signature.args[0], args[0], args[which], vector), align=1)
+    return builder.load(element_address(context, builder, signature.args[0], args[0], args[which], vector), align=1)
 
 
 @intrinsic
@@ -176,7 +178,8 @@ def signed_by64(typingctx, s, w):
 
 
 def _call(builder, name: str, result: ir.Type, arguments: list) -> ir.Value:
-    function = cgutils.get_or_insert_function(builder.module, ir.FunctionType(result, [a.type for a in arguments]), name)
+    signature = ir.FunctionType(result, [argument.type for argument in arguments])
+    function = cgutils.get_or_insert_function(builder.module, signature, name)
     return builder.call(function, arguments)
 
 
@@ -192,16 +195,19 @@ def _madd(builder, u, s, width: int) -> ir.Value:
         pairs = _call(builder, "llvm.x86.avx512.pmaddubs.w.512", ir.VectorType(_I16, 32), [u, s])
         return _call(builder, "llvm.x86.avx512.pmaddw.d.512", _INTS16, [pairs, ir.Constant(pairs.type, [1] * 32)])
     pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", ir.VectorType(_I16, n // 2), [u, s])
-    return _call(builder, "llvm.x86.avx2.pmadd.wd", ir.VectorType(_I32, n // 4), [pairs, ir.Constant(pairs.type, [1] * (n // 2))])
+    ones = ir.Constant(pairs.type, [1] * (n // 2))
+    return _call(builder, "llvm.x86.avx2.pmadd.wd", ir.VectorType(_I32, n // 4), [pairs, ones])
 
 
 def _dot(builder, isa: int, u, s, acc) -> ir.Value:
     as_ints = ir.VectorType(_I32, 16)
     if isa == VNNI512:
-        return _call(builder, "llvm.x86.avx512.vpdpbusd.512", _INTS16, [acc, builder.bitcast(u, as_ints), builder.bitcast(s, as_ints)])
+        operands = [acc, builder.bitcast(u, as_ints), builder.bitcast(s, as_ints)]
+        return _call(builder, "llvm.x86.avx512.vpdpbusd.512", _INTS16, operands)
     if isa == VNNI256:
         parts = []
-        for (u_half, s_half), acc_half in zip(zip(_halves(builder, u, 64), _halves(builder, s, 64)), _halves(builder, acc, 16)):
+        halves = zip(_halves(builder, u, 64), _halves(builder, s, 64), _halves(builder, acc, 16))
+        for u_half, s_half, acc_half in halves:
             eight = ir.VectorType(_I32, 8)
             parts.append(_call(builder, "llvm.x86.avx512.vpdpbusd.256", eight,
                                [acc_half, builder.bitcast(u_half, eight), builder.bitcast(s_half, eight)]))  # fmt: skip
@@ -241,16 +247,8 @@ def zeros_int32x16(typingctx):
     return int32x16(), codegen
 
 
-@intrinsic
-def load_int32x16(typingctx, array, index):
-    """Elements index .. index + 15 of a C-contiguous int32 array, counted from its start."""
-    if not (isinstance(array, types.Array) and array.dtype == types.int32 and array.layout == "C"):
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.load(_address(context, builder, signature.args[0], args[0], args[1], _INTS16), align=4)
-
-    return int32x16(array, index), codegen
+load_int32x16 = vector_load(types.int32, _INTS16, int32x16)
+load_int32x16.__doc__ = "Elements index .. index + 15 of a C-contiguous int32 array, counted from its start."
 
 
 @intrinsic
@@ -277,7 +275,8 @@ def half_pair16(typingctx, row, first, second, scale_first, scale_second):
         halves = ir.Constant(ir.VectorType(ir.HalfType(), 2), ir.Undefined)
         scales = ir.Constant(ir.VectorType(ir.FloatType(), 2), ir.Undefined)
         for lane, (at, scale) in enumerate(((args[1], args[3]), (args[2], args[4]))):
-            value = builder.load(_address(context, builder, signature.args[0], args[0], at, ir.HalfType()), align=1)
+            address = element_address(context, builder, signature.args[0], args[0], at, ir.HalfType())
+            value = builder.load(address, align=1)
             halves = builder.insert_element(halves, value, _I32(lane))
             scales = builder.insert_element(scales, scale, _I32(lane))
         pair = builder.fmul(builder.fpext(halves, ir.VectorType(ir.FloatType(), 2)), scales)

@@ -55,7 +55,8 @@ ISA = HOST_ISA
 @njit(cache=True)
 def quantize_activations(x: np.ndarray) -> tuple:
     """x [T, C] float32 (C a multiple of 32) -> (q [T, C + PAD] int8, d [T, G + 1] float32,
-    minus_eight_quads [T, C / 4 + 16] int32: -8 times each four q's sum, sums [T, G + 1] float32: d_g (sum q)); the last d and sum are 0.
+    minus_eight_quads [T, C / 4 + 16] int32: -8 times each four q's sum, sums [T, G + 1] float32: d_g (sum q));
+    the last d and sum are 0.
 
     NumPy twin: tests/test_int8_matmul.py (bit for bit)."""
     tokens, cols = x.shape
@@ -94,7 +95,8 @@ def _int8_dot4(type_size: int, quants_at: int, kind: int):
             ints = dot_u8s8(nibble_pair64(row, at_first + quants_at, at_second + quants_at), s, offsets, ISA)
         else:
             ints = dot_u8s8(nibble_pair64(row, at_first + quants_at, at_second + quants_at), s, zeros_int32x16(), ISA)
-        lanes = multiply_add16(float32x16_of(ints), half_pair16(row, at_first, at_second, scale_first, scale_second), lanes)
+        scales = half_pair16(row, at_first, at_second, scale_first, scale_second)
+        lanes = multiply_add16(float32x16_of(ints), scales, lanes)
         if kind == NIBBLES_WITH_MIN:  # w = d q + m: m d_g (sum q) a block, an eighth in each of its 8 lanes
             eighth = np.float32(0.125)
             lanes = add16(lanes, half_pair16(row, at_first + 2, at_second + 2, sums[g] * eighth, sums[g + 1] * eighth))
