@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from numba import njit
 
 from refllm.kernels import compiler_memory
 
@@ -34,7 +35,12 @@ def test_release_drops_the_compilers_clean_pages_and_code_still_runs():
 
     mappings = compiler_memory.compiler_mappings()
     assert mappings and all(end > start for start, end in mappings)
-    compiler_memory._CompilerUse.used = True
+
+    @njit
+    def twice(x):  # compiled here: the compiler's pages are resident now, whatever ran before
+        return 2 * x
+
+    assert twice(21) == 42 and compiler_memory._CompilerUse.used
     before = resident()
     assert compiler_memory.release() == sum(end - start for start, end in mappings)
     assert resident() < before
