@@ -24,6 +24,7 @@ from refllm.config import ConfigError, ModelConfig
 from refllm.config_checks import check_layer_count
 from refllm.errors import WeightError
 from refllm.io.json_file import parse_json_object, read_json_object
+from refllm.models.weights import canonical_name
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
 MAX_HEADER_BYTES = 100_000_000  # the safetensors format's own bound on its JSON header
@@ -164,7 +165,8 @@ class HFDirectorySource:
             raise ConfigError(f"{config_file}: {e}") from None
         self.checkpoint = SafetensorsCheckpoint(directory)
         unused_layers = self.config.unused_layers
-        check_layer_count(self.config.num_hidden_layers, self.checkpoint.names(), str(config_file), unused_layers)
+        text_names = [n for n in map(canonical_name, self.checkpoint.names()) if n is not None]  # a VLM's text model
+        check_layer_count(self.config.num_hidden_layers, text_names, str(config_file), unused_layers)
         self.tokenizer = Tokenizer.from_directory(directory)
 
     def tensor_names(self) -> list[str]:
