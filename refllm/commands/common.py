@@ -11,10 +11,12 @@ from refllm import catalog, progress
 from refllm.errors import InvalidInputError
 from refllm.kv import CacheConfig
 from refllm.kv.base import blocks_for
-from refllm.loading import open_source
+from refllm.loading import build_model, open_source
 from refllm.memory import available_memory, weight_bytes
 from refllm.models.contract import ModelSource
 from refllm.models.llama import LlamaFamilyModel
+from refllm.models.connector import connector_shapes
+from refllm.models.vision_tower import vision_tower_shapes
 from refllm.models.weights import checkpoint_shapes
 from refllm.quant.linear import QuantizedTensor
 from refllm.runtime.engine import Engine
@@ -68,8 +70,15 @@ def load(
         raise InvalidInputError(
             f"{name} needs about {size(needed)} for its weights, more than the {size(available)} of memory available"
         )
-    with progress.task(f"loading {name}", total=len(checkpoint_shapes(source.config)), unit="tensor") as bar:
-        return LlamaFamilyModel.load(_CountingSource(source, bar.update), dtype, reference)
+    with progress.task(f"loading {name}", total=tensor_count(source), unit="tensor") as bar:
+        return build_model(_CountingSource(source, bar.update), dtype, reference)
+
+
+def tensor_count(source: ModelSource) -> int:
+    """Tensors loading the source reads: the text model's, and a vision-language model's tower and connector."""
+    multimodal = getattr(source, "multimodal", None)
+    image_half = 0 if multimodal is None else len(vision_tower_shapes(multimodal.vision)) + len(connector_shapes(multimodal))
+    return len(checkpoint_shapes(source.config)) + image_half
 
 
 def open_checked(
@@ -124,6 +133,8 @@ class _CountingSource:
     def __init__(self, source: ModelSource, advance):
         self.source, self.advance = source, advance
         self.config, self.tokenizer = source.config, source.tokenizer
+        self.multimodal = getattr(source, "multimodal", None)  # a vision-language model's image half
+        self.image_processor = getattr(source, "image_processor", None)
 
     def tensor_names(self) -> list[str]:
         return self.source.tensor_names()

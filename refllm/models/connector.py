@@ -27,8 +27,8 @@ class ConnectorWeights:
     norm: np.ndarray | None = None  # gemma3's mm_soft_emb_norm: [Dv], stored as w - 1
 
 
-# family -> {name after the connector's prefix: shape(config)}
 def connector_shapes(config: MultimodalConfig) -> dict[str, tuple[int, ...]]:
+    """The connector's tensors (names after its prefix) and their shapes."""
     Dv, D = config.vision.hidden_size, config.text_hidden_size
     if config.model_type == "idefics3":
         return {"modality_projection.proj.weight": (D, config.scale**2 * Dv)}

@@ -33,6 +33,18 @@ from refllm.kv.base import CacheConfig, KVCache
 
 
 @dataclass(frozen=True)
+class VisionInfo:
+    """What a vision-language model takes: images [N, *image_shape] whose N tiles (or crops) each fill a run of
+    ``tokens_per_tile`` image tokens; with ``bidirectional`` (Gemma 3), the tokens of one run attend to each
+    other, so no step may end inside a run."""
+
+    image_token_id: int
+    tokens_per_tile: int
+    image_shape: tuple[int, int, int]  # channels, height, width of one tile
+    bidirectional: bool = False
+
+
+@dataclass(frozen=True)
 class ModelMetadata:
     architecture: str
     vocab_size: int
@@ -43,10 +55,7 @@ class ModelMetadata:
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
     dtype: str = "float32"
-    # A vision-language model: the token whose runs hold image features, and whether the tokens of one
-    # image attend to each other (Gemma 3), so that a prompt's image runs must not be split between steps.
-    image_token_id: int | None = None
-    bidirectional_image_attention: bool = False
+    vision: VisionInfo | None = None  # a vision-language model's images; None for a text-only model
 
 
 @runtime_checkable
@@ -69,8 +78,8 @@ class GenerativeModel(Protocol):
 
     def prefill(self, x: np.ndarray, cache: KVCache, pos: range, image_spans=None) -> np.ndarray:
         """x at positions ``pos`` -> logits of the last position, [B, V]. image_spans: per row, the (start,
-        end) runs of image tokens among the positions (``metadata.image_token_id``); a model whose image
-        tokens attend to each other needs them, and refuses a step that ends inside one."""
+        end) runs of image tokens among the positions (``metadata.vision``); a model whose image tokens
+        attend to each other needs them, and refuses a step that ends inside one."""
 
     def decode(self, x: np.ndarray, cache: KVCache) -> np.ndarray:
         """One new position per sequence -> [B, V]."""

@@ -35,3 +35,35 @@ def spans_in_step(runs: ImageSpans, start: int, stop: int) -> tuple[tuple[int, i
                 f" other: a step must end before position {a} or at {b} or later"
             )
     return inside
+
+
+def check_images(images: Sequence[np.ndarray] | None, runs: list[tuple[int, int]], vision) -> list[np.ndarray]:
+    """Each image a finite float array [N_i, *vision.image_shape], together filling ``runs`` (each
+    ``vision.tokens_per_tile`` long) one tile per run, in order -> the images as a list.
+
+    No images at all is a text prompt: its image tokens, if any, are embedded as the tokens they
+    are, as transformers does without pixel values. vision: the model's ``VisionInfo``."""
+    images = [] if images is None else list(images)
+    if not images:
+        return []
+    for i, image in enumerate(images):
+        ok = isinstance(image, np.ndarray) and np.issubdtype(image.dtype, np.floating) and image.ndim == 4
+        if not ok or image.shape[1:] != vision.image_shape or len(image) == 0:
+            raise ImageError(
+                f"image {i} must be a float array [tiles, {', '.join(map(str, vision.image_shape))}] from the model's"
+                f" image processor; got {getattr(image, 'dtype', type(image).__name__)} {getattr(image, 'shape', '')}"
+            )
+        if not np.isfinite(image).all():
+            raise ImageError(f"image {i} holds values that are not finite")
+    tiles = sum(len(image) for image in images)
+    if tiles != len(runs):
+        raise ImageError(
+            f"the prompt holds {len(runs)} runs of image tokens but the {len(images)} image(s) give {tiles}"
+            " (one run per tile or crop)"
+        )
+    for start, end in runs:
+        if end - start != vision.tokens_per_tile:
+            raise ImageError(
+                f"the image tokens at positions {start}..{end - 1} are {end - start}, not {vision.tokens_per_tile} per tile"
+            )
+    return images

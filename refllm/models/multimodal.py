@@ -19,17 +19,18 @@ throughout; it ignores them.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from refllm.architectures.vision import MultimodalConfig
 from refllm.config import ModelConfig
-from refllm.errors import ImageError, InvalidInputError, TokenOutOfRangeError
+from refllm.errors import InvalidInputError, TokenOutOfRangeError
 from refllm.kv import KVCache
 from refllm.models.connector import ConnectorWeights, connect, load_connector
-from refllm.models.contract import ModelMetadata, ModelSource
-from refllm.models.image_spans import image_token_runs, spans_in_step
+from refllm.models.contract import ModelMetadata, ModelSource, VisionInfo
+from refllm.models.image_spans import check_images, image_token_runs, spans_in_step
 from refllm.models.llama import LlamaFamilyModel, Spans, dtype_name
 from refllm.models.vision_tower import VisionTowerWeights, load_vision_tower, vision_tower
 from refllm.models.weights import ModelWeights, assemble
@@ -82,14 +83,16 @@ class VisionLanguageModel(LlamaFamilyModel):
         return cls(source.config, weights, multimodal, tower, connector, source.tokenizer, dtype, reference, processor)
 
     @property
+    def vision(self) -> VisionInfo:
+        m = self.multimodal
+        shape = (m.vision.num_channels, m.vision.image_size, m.vision.image_size)
+        return VisionInfo(m.image_token_id, m.tokens_per_image, shape, m.bidirectional_image_attention)
+
+    @property
     def metadata(self) -> ModelMetadata:
         text = super().metadata
-        return ModelMetadata(
-            **{**text.__dict__, "architecture": self.multimodal.model_type,
-               "num_parameters": text.num_parameters + self.multimodal.num_parameters,
-               "image_token_id": self.multimodal.image_token_id,
-               "bidirectional_image_attention": self.multimodal.bidirectional_image_attention},
-        )  # fmt: skip
+        parameters = text.num_parameters + self.multimodal.num_parameters
+        return replace(text, architecture=self.multimodal.model_type, num_parameters=parameters, vision=self.vision)
 
     # ---- images ---------------------------------------------------------------------------------
 
@@ -103,10 +106,11 @@ class VisionLanguageModel(LlamaFamilyModel):
         turn) -> embeddings [B, T, D] with each run of image tokens holding its tile's features."""
         tokens = self._check_prompt(tokens)
         runs = [image_token_runs(row, self.multimodal.image_token_id) for row in tokens]
-        pixels = self._check_images(images, [run for row in runs for run in row])
+        images = check_images(images, [run for row in runs for run in row], self.vision)
         is_image = tokens == self.multimodal.image_token_id
         x = self.embed(np.where(is_image, 0, tokens))  # the placeholder's id may lie past the vocabulary
-        if pixels is not None:
+        if images:
+            pixels = np.concatenate(images).astype(self.dtype, copy=False)
             x[is_image] = self.image_features(pixels).reshape(-1, x.shape[-1])  # row-major: the runs' order
         return x
 
@@ -156,31 +160,6 @@ class VisionLanguageModel(LlamaFamilyModel):
         if bad.any():
             raise TokenOutOfRangeError(f"token id {tokens[bad][0]} is outside the vocabulary [0, {self.config.vocab_size})")
         return tokens
-
-    def _check_images(self, images: Any, runs: list[tuple[int, int]]) -> np.ndarray | None:
-        """Each image a finite float array [N_i, C, S, S]; together they fill the runs exactly -> [sum N_i, C, S, S]."""
-        images = [] if images is None else list(images)
-        vision, L = self.multimodal.vision, self.multimodal.tokens_per_image
-        shape = (vision.num_channels, vision.image_size, vision.image_size)
-        for i, image in enumerate(images):
-            ok = isinstance(image, np.ndarray) and np.issubdtype(image.dtype, np.floating) and image.ndim == 4
-            if not ok or image.shape[1:] != shape or len(image) == 0:
-                raise ImageError(
-                    f"image {i} must be a float array [tiles, {', '.join(map(str, shape))}] from the model's image"
-                    f" processor; got {getattr(image, 'dtype', type(image).__name__)} {getattr(image, 'shape', '')}"
-                )
-            if not np.isfinite(image).all():
-                raise ImageError(f"image {i} holds values that are not finite")
-        tiles = sum(len(image) for image in images)
-        if tiles != len(runs):
-            raise ImageError(
-                f"the prompt holds {len(runs)} runs of image tokens but the {len(images)} image(s) give {tiles}"
-                " (one run per tile or crop)"
-            )
-        for start, end in runs:
-            if end - start != L:
-                raise ImageError(f"the image tokens at positions {start}..{end - 1} are {end - start}, not {L} per tile")
-        return np.concatenate(images).astype(self.dtype, copy=False) if images else None
 
 
 def _span(span: Any) -> tuple[int, int]:
