@@ -55,16 +55,22 @@ def load(
     reference: bool | None = None,
     context: int | None = None,
     context_flag: str = "--context",
+    images: bool = False,
 ) -> LlamaFamilyModel:
     """Open the model, refuse what cannot work (before the slow part), then load its weights with progress.
 
     ``dtype`` and ``reference``: as ``refllm.load_model`` takes them (docs/reference.md).
+    ``images``: the command has images for the model, which must then be a vision-language model.
 
     ``context``: the tokens the command will hold at once (given by ``context_flag``), refused if past the model's.
     """
     source = open_checked(
         name, text=text, chat=chat, quantized=quantized, dtype=dtype, context=context, context_flag=context_flag
     )
+    if images and getattr(source, "multimodal", None) is None:
+        raise InvalidInputError(
+            f"{name} reads text only; images need a vision-language model (SmolVLM, Gemma 3 with vision)"
+        )
     needed, available = weight_bytes(source, quantized, dtype), available_memory()
     if available is not None and needed > available:
         raise InvalidInputError(

@@ -57,6 +57,8 @@ def decode_image(data: bytes, max_bytes: int = MAX_IMAGE_BYTES, max_pixels: int 
             return np.array(_rgb(image, Image), dtype=np.uint8)
     except ImageError:
         raise
+    except Image.UnidentifiedImageError:
+        raise ImageError(f"the data is not an image refllm reads ({', '.join(FORMATS)})") from None
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
         raise ImageError(f"the image cannot be decoded ({type(error).__name__}: {error})") from None
 

@@ -145,8 +145,7 @@ class LLMExecutor:
 
     def info(self) -> ModelInfo:
         c = self.llm.config
-        vision = self.llm.model.metadata.vision
-        return ModelInfo(self.llm.name, c.vocab_size, c.context_length, c.eos_token_ids, self.llm.num_parameters, vision)
+        return ModelInfo(self.llm.name, c.vocab_size, c.context_length, c.eos_token_ids, self.llm.num_parameters, c.vision)
 
     def capabilities(self) -> ExecutorCapabilities:
         c = self.llm.config

@@ -39,7 +39,7 @@ from refllm.errors import (
 )
 from refllm.kv import CacheConfig
 from refllm.kv.paged import ArenaStats, PagedKVArena
-from refllm.models.contract import GenerativeModel
+from refllm.models.contract import GenerativeModel, VisionInfo
 from refllm.runtime.checks import (
     DecodeItem,
     check_cache_id,
@@ -65,6 +65,7 @@ class LLMConfig:
     num_blocks: int
     prefix_caching: bool  # new prompts start on cached blocks of an equal prefix
     count_free_blocks: Callable[[], int] = field(repr=False, compare=False)
+    vision: VisionInfo | None = None  # what images the model takes; None: text only
 
     @property
     def blocks_free(self) -> int:
@@ -96,6 +97,7 @@ class LLM:
             num_blocks=cache.num_blocks,
             prefix_caching=cache.config.prefix_caching,
             count_free_blocks=cache.free_blocks,
+            vision=metadata.vision,
         )
         self._seq_ids: dict[Hashable, int] = {}  # cache id -> arena sequence id
         self._new_seq_id = itertools.count()
@@ -146,7 +148,7 @@ class LLM:
         if chunk_tokens is not None and (isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int)
                                          or chunk_tokens < 1):  # fmt: skip
             raise InvalidInputError(f"chunk_tokens must be a positive integer or None; got {chunk_tokens!r}")
-        vision = self.model.metadata.vision
+        vision = self.config.vision
         images = checked_images(vision, tokens, images)
         live = cache_id in self._seq_ids
         start = self.length(cache_id) if live else 0
@@ -156,7 +158,7 @@ class LLM:
         key_ids = prefix_key_ids(tokens, runs, images)
         runs = [(start + a, start + b) for a, b in runs]
         if live:
-            hidden = self._extend([self._seq_ids[cache_id]], x, [key_ids], runs, chunk_tokens)
+            hidden = self._extend([self._seq_ids[cache_id]], x, [key_ids], runs, chunk_tokens)[0]
         else:
             hidden = self._start(cache_id, x, key_ids, runs, chunk_tokens)
         return self.model.logits(hidden[-1])
