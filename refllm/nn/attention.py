@@ -114,7 +114,8 @@ def bidirectional_attention(
 
         out[n, p, h] = sum_j softmax_j(scale * q[n, p, h] . k[n, j, h]) * v[n, j, h]
     """
-    scores = np.einsum("nphe,njhe->nhpj", q, k) * scale  # [N, H, P, P]
+    q, k, v = (a.transpose(0, 2, 1, 3) for a in (q, k, v))  # [N, H, P, E]
+    scores = (q @ k.transpose(0, 1, 3, 2)) * scale  # [N, H, P, E] @ [N, H, E, P] -> [N, H, P, P]
     if key_mask is not None:
         scores = np.where(key_mask[:, None, None, :], scores, -np.inf)
-    return np.einsum("nhpj,njhe->nphe", softmax(scores), v)
+    return (softmax(scores) @ v).transpose(0, 2, 1, 3)  # [N, H, P, P] @ [N, H, P, E] -> [N, P, H, E]
