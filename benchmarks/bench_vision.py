@@ -15,10 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import time
 
 import numpy as np
+from machine import median_seconds  # benchmarks/machine.py
 
 from refllm.architectures.vision import VisionConfig
 from refllm.machine import cpu_name, thread_settings, vector_extensions
@@ -40,16 +39,6 @@ class StateDictSource:
 
     def where(self, name: str | None) -> str:
         return "the transformers model"
-
-
-def median_seconds(run, runs: int) -> float:
-    run()  # warm-up: compiles the kernels, fills the caches
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> None:

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 import refllm
-from refllm import cli
 from refllm.commands.chat import chat_prompt
 from refllm.io.images import read_image
 from refllm.io.vision_prompt import content_parts
@@ -24,6 +23,7 @@ from refllm.runtime.executor import LLMExecutor
 from refllm.runtime.llm import LLM
 from refllm.runtime.sampling import SamplingParams
 from tests.hf_vision_fixtures import DATA
+from tests.test_cli import run, write_tiny_model
 
 pytest.importorskip("PIL")
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
@@ -43,12 +43,6 @@ def api_answer(model, messages: list[dict], images: list[np.ndarray], params: Sa
         return engine.submit(ids, params, pixels).result().completions[0].text
     finally:
         engine.close()
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -77,8 +71,6 @@ def test_chat_attaches_an_image_to_the_next_message(models, capsys, monkeypatch)
 
 
 def test_images_for_a_text_model_and_bad_files_are_one_line_errors(tmp_path, capsys):
-    from tests.test_cli import write_tiny_model
-
     text_model = str(write_tiny_model(tmp_path / "text"))
     image = str(DATA / "idefics3" / "images" / "wide.png")
     code, _, err = run(capsys, "generate", "hi", "--model", text_model, "--image", image)
