@@ -213,3 +213,28 @@ def test_a_gemma_step_that_ends_inside_an_image_is_refused_and_changes_nothing()
     assert cache.sequence_ids() == []
     model.prefill(x[:, : runs[0][0]], cache, range(runs[0][0]), image_spans=[runs])  # up to the image: fine
     assert cache.length(0) == runs[0][0]
+
+
+@pytest.mark.parametrize("case", list(SCENARIOS))
+def test_the_image_halfs_parameters_are_counted(case):
+    source = HFDirectorySource(DATA / case)
+    text = refllm.load_model(DATA / case).config.num_parameters
+    stored = sum(source.tensor(name).size for name in source.tensor_names())
+    assert refllm.load_model(DATA / case).metadata.num_parameters == stored == text + source.multimodal.num_parameters
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(SCENARIOS))
+def test_the_fixture_script_reproduces_the_stored_references(case, tmp_path):
+    """transformers, rebuilt by tests/hf_vision_fixtures.py, still computes what the fixtures store."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    pytest.importorskip("PIL")
+    from tests.hf_vision_fixtures import BUILDERS, hf_reference
+
+    model, processor = BUILDERS[case]()
+    for scenario, (content, options) in SCENARIOS[case].items():
+        live, stored = hf_reference(case, model, processor, DATA / case, content, options), reference(case, scenario)
+        assert live["input_ids"].tolist() == stored["input_ids"].tolist()
+        np.testing.assert_allclose(live["logits"], stored["logits"], atol=1e-5, rtol=1e-5)
+        assert live["greedy"].tolist() == stored["greedy"].tolist()
