@@ -22,10 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from refllm.config import ModelConfig
-from tests.float64_reference import _mlp, _norm, _qkv, _read_safetensors, _rotate
-
-# checkpoint prefixes -> the text model's names
-TEXT_PREFIXES = ("model.text_model.", "language_model.model.", "model.language_model.")
+from tests.float64_reference import _mlp, _norm, _qkv, _read_safetensors, _rotate, text_tensors
 
 
 def reference_logits(directory: Path, token_ids: list[int], pixels: np.ndarray | None) -> np.ndarray:
@@ -40,7 +37,7 @@ def reference_logits(directory: Path, token_ids: list[int], pixels: np.ndarray |
         positions = [p for start, end in runs for p in range(start, end)]
         x[positions] = features
     spans = runs if raw["model_type"] == "gemma3" and pixels is not None else []
-    return _text_model(config, _text_tensors(tensors), x, spans)
+    return _text_model(config, text_tensors(tensors), x, spans)
 
 
 def _runs(tokens: list[int], image_token: int) -> list[tuple[int, int]]:
@@ -54,19 +51,8 @@ def _runs(tokens: list[int], image_token: int) -> list[tuple[int, int]]:
     return runs
 
 
-def _text_tensors(tensors: dict) -> dict:
-    out = {}
-    for name, value in tensors.items():
-        for prefix in TEXT_PREFIXES:
-            if name.startswith(prefix):
-                out["model." + name[len(prefix) :]] = value
-        if name in ("lm_head.weight", "language_model.lm_head.weight"):
-            out["lm_head.weight"] = value
-    return out
-
-
 def _embeddings(config: ModelConfig, tensors: dict, tokens: list[int], image_token: int) -> np.ndarray:
-    table = _text_tensors(tensors)["model.embed_tokens.weight"]
+    table = text_tensors(tensors)["model.embed_tokens.weight"]
     return np.stack([table[0 if t == image_token else t] * config.embedding_scale for t in tokens])
 
 

@@ -65,10 +65,10 @@ class VisionLanguageModel(LlamaFamilyModel):
         self.multimodal = multimodal
         self.tower = tower
         self.connector = connector
-        self.image_processor = image_processor  # refllm.io.image_processing's, when the checkpoint has one
+        self.image_processor = image_processor
 
     @classmethod
-    def load(  # type: ignore[override]
+    def load(
         cls, source: ModelSource, multimodal: MultimodalConfig, dtype: str = "float32", reference: bool | None = None
     ) -> VisionLanguageModel:
         """The text model, the tower and the connector, all from ``source``."""
