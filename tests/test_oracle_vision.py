@@ -23,7 +23,7 @@ from refllm.testing.vision import (
 )
 from refllm.testing.vision_golden import check_vision_golden, dump_vision_golden
 
-SETTINGS = settings(max_examples=25, deadline=None)
+SETTINGS = settings(max_examples=12, deadline=None)
 
 
 def fast(checkpoint) -> VisionLanguageModel:

@@ -184,7 +184,7 @@ class LlamaFamilyModel:
         cache.reserve(seq_ids, num_new)
         with self.ops.running():
             for layer_index, layer_weights in enumerate(self.weights.layers):
-                x = self.decoder_layer(layer_index, layer_weights, x, positions, cache, seq_ids, image_spans)
+                x = self.decoder_layer(layer_index, layer_weights, x, positions, cache, seq_ids, image_spans=image_spans)
             cache.commit(seq_ids, num_new)
             return self._norm(x, self.weights.norm)
 
@@ -200,7 +200,7 @@ class LlamaFamilyModel:
             return None if weight is None else (lambda h: self._norm(h, weight))
 
         def attend(h: np.ndarray) -> np.ndarray:
-            return self.self_attention(layer_index, w, h, positions, cache, seq_ids, image_spans)
+            return self.self_attention(layer_index, w, h, positions, cache, seq_ids, image_spans=image_spans)
 
         # Llama's post_attention_layernorm is its pre-MLP norm; Gemma and OLMo 2 apply it to attention's output.
         norm_after_attention = w.post_attention_layernorm if c.sandwich_norms or c.post_norms else None
@@ -249,7 +249,7 @@ class LlamaFamilyModel:
         if w.sinks is not None:  # the caches' own kernels have no sinks: the spec attention over the gathered keys
             attend = functools.partial(attend or spec_attention, sinks=w.sinks)
         out = cache.attention(
-            layer_index, seq_ids, q, c.attention_scale, window, c.attn_logit_softcapping, attend, image_spans
+            layer_index, seq_ids, q, c.attention_scale, window, c.attn_logit_softcapping, attend, image_spans=image_spans
         )  # [B, T, H, E]
         return ops.linear(out.reshape(B, T, -1), w.o_proj, w.o_proj_bias)
 

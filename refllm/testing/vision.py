@@ -53,10 +53,11 @@ def vision_configs(draw: st.DrawFn, families: tuple[str, ...] = FAMILIES) -> dic
                   num_hidden_layers=draw(st.integers(1, 2)), num_attention_heads=heads, num_channels=3,
                   image_size=tokens_side * scale * patch, patch_size=patch, layer_norm_eps=1e-6)  # fmt: skip
     if family == "idefics3":
-        text = tiny_config_json("llama")
+        text = tiny_config_json("llama") | {"max_position_embeddings": 512}  # room for several images
         return dict(model_type="idefics3", text_config=text, vision_config=vision, scale_factor=scale,
                     image_token_id=text["vocab_size"] - 1, tie_word_embeddings=False)  # fmt: skip
-    text = tiny_config_json("gemma3_text", sliding_window=draw(st.integers(2, 6)))  # often shorter than an image
+    window = draw(st.integers(2, 6))  # often shorter than an image
+    text = tiny_config_json("gemma3_text", sliding_window=window) | {"max_position_embeddings": 512}
     return dict(model_type="gemma3", text_config=text, vision_config=vision | {"model_type": "siglip_vision_model"},
                 mm_tokens_per_image=tokens_side**2, image_token_index=text["vocab_size"] - 1)  # fmt: skip
 
