@@ -16,6 +16,7 @@ from refllm.memory import available_memory, weight_bytes
 from refllm.models.contract import ModelSource
 from refllm.models.llama import LlamaFamilyModel
 from refllm.models.connector import connector_shapes
+from refllm.models.expert_weights import expert_layout
 from refllm.models.vision_tower import vision_tower_shapes
 from refllm.models.weights import checkpoint_shapes
 from refllm.quant.linear import QuantizedTensor
@@ -84,7 +85,7 @@ def tensor_count(source: ModelSource) -> int:
     """Tensors loading the source reads: the text model's, and a vision-language model's tower and connector."""
     multimodal = getattr(source, "multimodal", None)
     image_half = 0 if multimodal is None else len(vision_tower_shapes(multimodal.vision)) + len(connector_shapes(multimodal))
-    return len(checkpoint_shapes(source.config)) + image_half
+    return len(checkpoint_shapes(source.config, expert_layout(source.config, source.tensor_names()))) + image_half
 
 
 def open_checked(

@@ -20,12 +20,14 @@ from typing import Any
 
 import numpy as np
 
+from refllm.architectures.keys import expert_count_key
 from refllm.architectures.vision import read_multimodal
 from refllm.config import ConfigError, ModelConfig
 from refllm.config_checks import check_layer_count
 from refllm.errors import WeightError
 from refllm.io.image_processing import load_image_processor
 from refllm.io.json_file import parse_json_object, read_json_object
+from refllm.models.expert_weights import check_expert_count
 from refllm.models.weights import canonical_name
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
@@ -170,6 +172,7 @@ class HFDirectorySource:
         unused_layers = self.config.unused_layers
         text_names = [n for n in map(canonical_name, self.checkpoint.names()) if n is not None]  # a VLM's text model
         check_layer_count(self.config.num_hidden_layers, text_names, str(config_file), unused_layers)
+        check_expert_count(self.config, self.checkpoint.names(), f"{config_file} ({expert_count_key(raw_config)})")
         self.tokenizer = Tokenizer.from_directory(directory)
         # a vision-language checkpoint's image half: its tower's config, and the image processor beside it
         self.multimodal = read_multimodal(raw_config, self.config.hidden_size)
