@@ -30,7 +30,7 @@ from pathlib import Path
 from engines import available_engines, print_machine, run_in_process
 from synthetic_gguf import FORMATS, SHAPES, synthetic_gguf
 
-LAPTOP_ENGINES = ("refllm-quantized", "llama.cpp")
+LAPTOP_ENGINES = ("refllm-quantized", "refllm-int8", "llama.cpp")
 MEMORY_ALLOWANCE = 100e6  # bytes over the file and the KV arena
 BANDWIDTH = Path(__file__).with_name("bandwidth.py")
 

@@ -1,4 +1,4 @@
-"""Decode and prefill speed on one GGUF file: refllm float32, refllm quantized, transformers, llama.cpp.
+"""Decode and prefill speed on one GGUF file: refllm float32, quantized and int8, transformers, llama.cpp.
 
 Each engine runs in a fresh process per run, and the runs take turns
 (engine A, B, C, D, then A, B, C, D again), so a noisy neighbour slows them
@@ -17,7 +17,7 @@ Figures are medians over ``--runs``. Engines that are not installed
 engine gets ``--threads`` threads: Numba's and OpenBLAS's pools, torch's
 intra-op pool, llama.cpp's n_threads and n_threads_batch.
 
-Both refllm engines run with refllm's thread policy (refllm/kernels/threads.py);
+refllm-int8 is refllm quantized with ``activations="int8"``. The refllm engines run with refllm's thread policy (refllm/kernels/threads.py);
 the other engines get the environment the benchmark was started with.
 
 Before the timed runs, each refllm configuration runs once untimed, so that
@@ -120,7 +120,7 @@ def main() -> None:
         print(f"\nrefllm quantized: peak {quantized['peak_above_start'] / 1e6:.0f} MB above imports and Numba's"
               f" start-up ({quantized['peak'] / 1e6:.0f} MB above imports alone)"
               f" vs 1.5 x file + KV arena = {budget / 1e6:.0f} MB")  # fmt: skip
-    pairs = [("refllm-quantized", "llama.cpp"), ("refllm-quantized", "refllm-float32"),
+    pairs = [("refllm-quantized", "llama.cpp"), ("refllm-int8", "llama.cpp"), ("refllm-quantized", "refllm-float32"),
              ("refllm-float32", "transformers-float32")]  # fmt: skip
     if args.busy_check:
         quiet = "refllm-quantized, quiet, 1 thread"

@@ -23,11 +23,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-ENGINES = ("refllm-float32", "refllm-quantized", "transformers-float32", "llama.cpp")
+ENGINES = ("refllm-float32", "refllm-quantized", "refllm-int8", "transformers-float32", "llama.cpp")
 # What each engine imports: imported before the footprint "after imports" is taken.
 IMPORTS = {
     "refllm-float32": ("refllm",),
     "refllm-quantized": ("refllm",),
+    "refllm-int8": ("refllm",),  # quantized, with int8 activations
     "transformers-float32": ("torch", "transformers"),
     "llama.cpp": ("llama_cpp",),
 }
@@ -48,14 +49,14 @@ def memory(key: str) -> int:
 
 
 class RefllmEngine:
-    def __init__(self, path: Path, quantized: bool):
+    def __init__(self, path: Path, quantized: bool, activations: str = "float32"):
         import numpy as np
 
         import refllm
         from refllm import CacheConfig
 
         self.np, self.CacheConfig = np, CacheConfig
-        self.model = refllm.load_model(path, quantized=quantized)
+        self.model = refllm.load_model(path, quantized=quantized, activations=activations)
         self.cache = None
 
     def prefill(self, ids: list[int]) -> int:
@@ -148,7 +149,8 @@ def run_engine(engine: str, path: Path, prompt_tokens: int, decode_tokens: int, 
     after_start = memory("VmRSS")
     start = time.perf_counter()
     if engine.startswith("refllm"):
-        runner = RefllmEngine(path, quantized=engine == "refllm-quantized")
+        quantized = engine in ("refllm-quantized", "refllm-int8")
+        runner = RefllmEngine(path, quantized, "int8" if engine == "refllm-int8" else "float32")
     elif engine == "transformers-float32":
         runner = TransformersEngine(path, threads)
     else:
