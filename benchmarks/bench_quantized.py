@@ -17,8 +17,9 @@ Figures are medians over ``--runs``. Engines that are not installed
 engine gets ``--threads`` threads: Numba's and OpenBLAS's pools, torch's
 intra-op pool, llama.cpp's n_threads and n_threads_batch.
 
-refllm-int8 is refllm quantized with ``activations="int8"``. The refllm engines run with refllm's thread policy (refllm/kernels/threads.py);
-the other engines get the environment the benchmark was started with.
+refllm-int8 is refllm quantized with ``activations="int8"``. The refllm engines run with
+refllm's thread policy (refllm/kernels/threads.py); the other engines get the environment
+the benchmark was started with.
 
 Before the timed runs, each refllm configuration runs once untimed, so that
 Numba's cache is filled and no timed process (or its peak memory) includes a
