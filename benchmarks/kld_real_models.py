@@ -6,7 +6,8 @@ For SmolLM2-135M (Q4_1) and Gemma 3 270M (Q4_K_M), the truth is refllm's
 float64 spec over the GGUF file's weights dequantized in float64; compared
 with it: refllm float32 (every weight dequantized), refllm quantized (float32
 activations multiplying from the blocks: the default), refllm quantized with int8
-activations (``activations="int8"``) and, where llama-cpp-python is installed,
+activations (``activations="int8"``, each position a decode step: prompts keep float32
+activations) and, where llama-cpp-python is installed,
 llama.cpp on the same file. The int8 path and llama.cpp are also compared with the
 default quantized path, the distance the opt-in adds. The text is this
 repository's README, its first ``--tokens`` tokens.
@@ -29,6 +30,13 @@ TEXT = Path(__file__).resolve().parents[1] / "README.md"
 
 def all_logits(model, tokens: list[int]) -> np.ndarray:
     return model.prefill_all_logits(np.array([tokens]), model.create_kv_cache(), range(len(tokens)))[0]
+
+
+def decoded_logits(model, tokens: list[int]) -> np.ndarray:
+    """Each position's logits from a decode step of its own (int8 activations serve decode steps)."""
+    cache = model.create_kv_cache()
+    rows = [model.prefill(np.array([tokens[:1]]), cache, range(1))[0]]
+    return np.stack(rows + [model.decode(np.array([[token]]), cache)[0] for token in tokens[1:]])
 
 
 def llama_cpp_logits(path: Path, tokens: list[int]) -> np.ndarray | None:
@@ -56,7 +64,7 @@ def main() -> None:
         candidates = {
             "refllm float32 path": all_logits(refllm.load_model(path), tokens)[:-1],
             "refllm quantized path": all_logits(refllm.load_model(path, quantized=True), tokens)[:-1],
-            "refllm quantized, int8 activations": all_logits(
+            "refllm quantized, int8 activations": decoded_logits(
                 refllm.load_model(path, quantized=True, activations="int8"), tokens
             )[:-1],
         }

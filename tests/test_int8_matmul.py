@@ -10,7 +10,9 @@
   of a block). That is tighter than |a d_g|, so an integer sum off by one is caught wherever
   the block's lanes are not tiny.
 - Against the default path (float32 activations) it stays within the bound of quantizing x:
-  sum_i |w_i| d_g(i) / 2, plus both paths' float32 rounding.
+  sum_i |w_i| d_g(i) / 2, plus both paths' float32 rounding; four tokens at a time (the tile)
+  each token's result is the one it gets alone, bit for bit; prompt-sized products keep
+  float32 activations.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from hypothesis import strategies as st
 from numba import njit
 
 from refllm.kernels import int8_intrinsics as isa
-from refllm.kernels.int8_matmul import INT8_FORMATS, int8_matmul, int8_matmul_serial, quantize_activations
+from refllm.kernels.int8_matmul import INT8_FORMATS, INT8_TOKENS, int8_matmul, int8_matmul_serial, quantize_activations
 from refllm.kernels.intrinsics import sum16
 from refllm.kernels.quant_formats import FORMAT_CODES
 import refllm
@@ -70,7 +72,7 @@ def cases(draw: st.DrawFn) -> dict:
         "name": draw(st.sampled_from(INT8)),
         "rows": draw(st.integers(1, 37)),
         "blocks": draw(st.integers(1, 7)),  # odd counts: the last block pairs with nothing
-        "tokens": draw(st.integers(1, 4)),
+        "tokens": draw(st.integers(1, 9)),  # four at a time while four remain, then one by one
         "x_scale": draw(st.sampled_from([1e-3, 1.0, 1e3])),
         "zero_block": draw(st.booleans()),  # a block of x all zeros: d = 0
         "seed": draw(st.integers(0, 2**32 - 1)),
@@ -146,6 +148,9 @@ def test_a_product_is_its_integer_sums_scaled_within_float32_rounding(name, case
     rows, cols = case["rows"], x.shape[1]
     q, d, quads, sums = quantize_activations(x)
     actual = (int8_matmul if case["seed"] % 2 else int8_matmul_serial)(blocks, FORMAT_CODES[name], q, d, quads, sums)
+    for t in range(len(x)):  # four tokens at a time, or one: the same numbers
+        alone = int8_matmul_serial(blocks, FORMAT_CODES[name], *(part[t : t + 1] for part in (q, d, quads, sums)))
+        np.testing.assert_array_equal(alone[0], actual[t])
     a, c, q_w = block_parts(blocks, name, rows, cols)
     q_x = q[:, :cols].reshape(len(x), -1, 32).astype(np.int64)  # [T, G, 32]
     # exact, in int64: each lane's four products [T, R, G, 8], and a block's sum of them
@@ -172,6 +177,15 @@ def test_against_float32_activations_within_the_quantization_of_x(name, case):
     quantization = (np.abs(weights)[None] * d_of_column[:, None] / 2).sum(-1)  # [T, R]
     rounding = 4 * (x.shape[1] + 4) * UNIT_ROUNDOFF * (np.abs(x).astype(np.float64) @ np.abs(weights).T)
     assert np.all(np.abs(int8.astype(np.float64) - default) <= quantization + 2 * rounding)
+
+
+def test_prompt_sized_products_keep_float32_activations():
+    rng = np.random.default_rng(3)
+    blocks = gguf.quants.quantize(rng.standard_normal((20, 64)).astype(np.float32), gguf.GGMLQuantizationType.Q4_0)
+    tensor = QuantizedTensor(blocks, "Q4_0", (20, 64))
+    x = rng.standard_normal((INT8_TOKENS, 64)).astype(np.float32)
+    np.testing.assert_array_equal(tensor.with_activations("int8").matmul(x), tensor.matmul(x))
+    assert not np.array_equal(tensor.with_activations("int8").matmul(x[:-1]), tensor.matmul(x[:-1]))
 
 
 # ---- the option -----------------------------------------------------------------------------------------

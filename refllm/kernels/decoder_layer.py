@@ -43,7 +43,7 @@ from refllm.kernels.activation import _gated_rows
 from refllm.kernels.attention import paged_decode_attention, paged_prefill_attention, write_kv
 from refllm.kernels.dense_matmul import dense_matmul
 from refllm.kernels.fused_products import joint_products
-from refllm.kernels.int8_matmul import INT8_CODES, int8_matmul, int8_matmul_serial, quantize_activations
+from refllm.kernels.int8_matmul import INT8_CODES, INT8_TOKENS, int8_matmul, int8_matmul_serial, quantize_activations
 from refllm.kernels.norm import _rms_norm_rows
 from refllm.kernels.quant_matmul import quant_matmul, quant_matmul_serial, quant_matvec, quant_matvec_serial
 from refllm.kernels.rope import _rope_rows
@@ -71,7 +71,7 @@ def _project(weights, code, x, bias, int8, parallel_min):
         # as ``QuantizedTensor.matmul``: one token decodes in registers, more take the tiles; a
         # product too small to repay waking the pool stays on this thread
         parallel = x.shape[0] * weights.shape[0] * x.shape[1] >= parallel_min
-        if int8 and INT8_CODES[code]:
+        if int8 and INT8_CODES[code] and x.shape[0] < INT8_TOKENS:
             q, d, quads, sums = quantize_activations(x)
             product = int8_matmul(weights, code, q, d, quads, sums) if parallel else int8_matmul_serial(
                 weights, code, q, d, quads, sums

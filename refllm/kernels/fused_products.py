@@ -20,7 +20,7 @@ import numpy as np
 from numba import njit, prange
 
 from refllm.kernels.arithmetic import ceil_div
-from refllm.kernels.int8_matmul import INT8_CODES, _int8_task, quantize_activations
+from refllm.kernels.int8_matmul import INT8_CODES, INT8_TOKENS, _int8_task, quantize_activations
 from refllm.kernels.quant_formats import x_sums
 from refllm.kernels.quant_matmul import ROWS_PER_TASK, _matmul_task, _matvec_task
 
@@ -74,7 +74,7 @@ def joint_products(blocks: tuple, codes: tuple, x: np.ndarray, int8: bool) -> li
     every_int8 = True
     for code in codes:
         every_int8 = every_int8 and INT8_CODES[code]
-    if int8 and every_int8:
+    if int8 and every_int8 and x.shape[0] < INT8_TOKENS:
         _joint_int8(blocks, codes, quantize_activations(x), outs, counts)
     elif x.shape[0] == 1:
         sums = [x_sums(code, (x[0],)) for code in codes]

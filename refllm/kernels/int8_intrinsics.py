@@ -283,3 +283,17 @@ def half_pair16(typingctx, row, first, second, scale_first, scale_second):
         return builder.shuffle_vector(pair, pair, _indices([0] * 8 + [1] * 8))
 
     return float32x16(row, first, second, scale_first, scale_second), codegen
+
+
+@intrinsic
+def pair16(typingctx, first, second):
+    """16 float32 lanes: ``first`` in lanes 0-7, ``second`` in lanes 8-15 (one value per block of a pair)."""
+    if not (first == second == types.float32):
+        return None
+
+    def codegen(context, builder, signature, args):
+        pair = ir.Constant(ir.VectorType(ir.FloatType(), 2), ir.Undefined)
+        pair = builder.insert_element(builder.insert_element(pair, args[0], _I32(0)), args[1], _I32(1))
+        return builder.shuffle_vector(pair, pair, _indices([0] * 8 + [1] * 8))
+
+    return float32x16(first, second), codegen

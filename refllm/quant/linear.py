@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from refllm.kernels.int8_matmul import int8_matmul, int8_matmul_serial, int8_reads, quantize_activations
+from refllm.kernels.int8_matmul import INT8_TOKENS, int8_matmul, int8_matmul_serial, int8_reads, quantize_activations
 from refllm.kernels.quant_formats import FORMAT_CODES, KERNEL_FORMATS
 from refllm.kernels.quant_matmul import quant_matmul, quant_matmul_serial, quant_matvec, quant_matvec_serial
 from refllm.quant.formats import ACTIVATIONS, UnsupportedFormatError, dequantize, stored_size
@@ -73,9 +73,8 @@ def _load_kernels(activations: str) -> None:
     x = np.zeros((2, 32), np.float32)
     if activations == "int8":
         int8_matmul(blocks, FORMAT_CODES["Q4_0"], *quantize_activations(x))
-    else:
-        quant_matvec(blocks, FORMAT_CODES["Q4_0"], x[0])
-        quant_matmul(blocks, FORMAT_CODES["Q4_0"], x)
+    quant_matvec(blocks, FORMAT_CODES["Q4_0"], x[0])
+    quant_matmul(blocks, FORMAT_CODES["Q4_0"], x)  # prompts, in either case
 
 
 FORMAT_BLOCK_BYTES = 18  # one Q4_0 block: 32 weights
@@ -160,7 +159,7 @@ class QuantizedTensor:
         # From two tokens on, decoding each row once and multiplying it into every token beats
         # decoding it in registers once per token (benchmarks/bench_quant_kernels.py --crossover).
         parallel = len(tokens) * rows * cols >= PARALLEL_MIN_WEIGHTS
-        if self.activations == "int8":
+        if self.activations == "int8" and len(tokens) < INT8_TOKENS:
             product = int8_matmul if parallel else int8_matmul_serial
             out = product(self.blocks, self._code, *quantize_activations(tokens))
         elif len(tokens) == 1:
