@@ -37,14 +37,18 @@ class AnswerStats:
 
 
 def stream_answer(
-    engine: Engine, prompt_ids: list[int], params: SamplingParams, *, ctrl_c_stops: bool = False
+    engine: Engine, prompt_ids: list[int], params: SamplingParams, *, echo: str = "", ctrl_c_stops: bool = False
 ) -> tuple[str, AnswerStats]:
     """Write the answer to stdout as it comes -> (the text shown, its stats).
 
+    ``echo``: text written before the answer (the prompt ``generate`` continues), once the engine has
+    accepted the prompt: a prompt too long for the context is refused before anything is shown.
     ``ctrl_c_stops``: Ctrl-C ends this answer cleanly (between engine steps) instead of raising.
     """
     start = time.perf_counter()
     handle = engine.submit(prompt_ids, params)
+    if echo:
+        write(echo)
     parts, tokens, first, last, reason = [], [], start, start, "cancelled"
     with _ctrl_c_sets_flag() if ctrl_c_stops else contextlib.nullcontext(threading.Event()) as interrupted:
         for delta in handle:

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from refllm import catalog, progress
+from refllm.commands.parsing import closest
 from refllm.errors import InvalidInputError
 from refllm.kv import CacheConfig
 from refllm.kv.base import blocks_for
@@ -15,7 +16,7 @@ from refllm.loading import open_source
 from refllm.memory import available_memory, weight_bytes
 from refllm.models.contract import ModelSource
 from refllm.models.llama import LlamaFamilyModel
-from refllm.models.weights import checkpoint_shapes
+from refllm.models.weights import checkpoint_shapes, weight_leaves
 from refllm.quant.linear import QuantizedTensor
 from refllm.runtime.engine import Engine
 from refllm.runtime.executor import LLMExecutor
@@ -39,6 +40,7 @@ def open_model(name: str, quantized: bool = False, *, chat: bool = False, dtype:
             raise InvalidInputError(f"{name}: no such file or directory")
         raise InvalidInputError(
             f"{name} is neither a catalog model ({', '.join(catalog.CATALOG)}) nor an existing file or directory"
+            + closest(name, catalog.CATALOG)
         )
     return open_source(path, quantized=quantized, dtype=dtype)
 
@@ -114,8 +116,16 @@ def warm_llm(model: LlamaFamilyModel, context: int | None = None) -> LLM:
 
 
 def start_engine(model: LlamaFamilyModel, context: int | None = None) -> Engine:
-    """An engine for one user at a time, stepped by its caller; see ``warm_llm``."""
-    return Engine(LLMExecutor(warm_llm(model, context), offload=False), model.tokenizer)
+    """An engine for one user at a time, stepped by its caller, that shows a long prompt's progress;
+    see ``warm_llm``."""
+    llm = warm_llm(model, context)
+    llm.prefill_progress = progress.PromptProgress()
+    return Engine(LLMExecutor(llm, offload=False), model.tokenizer)
+
+
+def has_quantized_weights(model: LlamaFamilyModel) -> bool:
+    """Whether any of the model's matrices is kept in quantized blocks."""
+    return any(isinstance(array, QuantizedTensor) for array in weight_leaves(model.weights))
 
 
 class _CountingSource:

@@ -18,6 +18,9 @@ The model is any ``GenerativeModel`` (``refllm/models/contract.py``) whose
 is applied once to the B stacked rows, and only attention runs per sequence,
 inside the arena's kernel, over that sequence's own blocks.
 
+A new prompt runs PREFILL_CHUNK tokens per forward pass, and ``prefill_progress``,
+if set, hears how far it is after each (the command line draws a bar from it).
+
 Prefix caching: ``prefill`` on a new cache id starts it on the arena's cached
 blocks of the same prompt prefix (``match_prefix``) and computes only the
 rest; every token fed afterwards is registered with the arena, so generated
@@ -52,6 +55,8 @@ from refllm.runtime.checks import (
 
 # A warm-up prompt long enough for the fast op set's prompt-sized products (kernels/gemm.py: 16 tokens and up)
 WARM_UP_PROMPT = 24
+# A long prompt's forward passes take this many tokens at a time, and report progress after each
+PREFILL_CHUNK = 256
 
 @dataclass(frozen=True)
 class LLMConfig:
@@ -98,6 +103,8 @@ class LLM:
         )
         self._seq_ids: dict[Hashable, int] = {}  # cache id -> arena sequence id
         self._new_seq_id = itertools.count()
+        # (tokens computed, tokens to compute) before and after each chunk of a new prompt: a progress bar
+        self.prefill_progress: Callable[[int, int], None] | None = None
 
     # --- queries ------------------------------------------------------------------------
 
@@ -217,7 +224,8 @@ class LLM:
         return self._seq_ids[cache_id]
 
     def _start(self, cache_id: Hashable, tokens: np.ndarray) -> np.ndarray:
-        """A new sequence: cached prefix blocks, then a forward over the rest -> hidden [T - cached, D].
+        """A new sequence: cached prefix blocks, then forwards over the rest, PREFILL_CHUNK tokens at a time
+        -> hidden states of the last chunk [<= PREFILL_CHUNK, D].
 
         Whether the rest fits is known only once the prefix is matched, so a
         refusal frees the new sequence again (the cached blocks it held go
@@ -225,9 +233,15 @@ class LLM:
         """
         seq_id = next(self._new_seq_id)
         cached = self.arena.match_prefix(seq_id, tokens)
+        total = len(tokens) - cached
+        report = self.prefill_progress or (lambda done, total: None)
         try:
-            self.arena.reserve([seq_id], len(tokens) - cached)
-            hidden = self.model.forward_step(self.model.embed(tokens[None, cached:]), self.arena, [seq_id])
+            self.arena.reserve([seq_id], total)
+            report(0, total)
+            for start in range(cached, len(tokens), PREFILL_CHUNK):
+                chunk = tokens[None, start : start + PREFILL_CHUNK]
+                hidden = self.model.forward_step(self.model.embed(chunk), self.arena, [seq_id])
+                report(start + chunk.shape[1] - cached, total)
         except BaseException:
             self.arena.free(seq_id)
             raise

@@ -23,9 +23,11 @@ import json
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
+from refllm import catalog
 from refllm.errors import InvalidInputError
 from refllm.testing.checkpoint import Checkpoint
 from refllm.testing.factories import refllm_contiguous
@@ -38,6 +40,23 @@ DEFAULT_PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a
 
 class ServerRefusedError(InvalidInputError):
     """The server answered a completions request with an error."""
+
+
+def server_models(url: str, timeout: float = 10.0) -> list[str]:
+    """The model ids ``url``/models lists; a server that cannot be reached, or is no OpenAI API there, is
+    refused in one sentence."""
+    url = url.rstrip("/")
+    try:
+        with urllib.request.urlopen(f"{url}/models", timeout=timeout) as response:
+            listing = json.loads(response.read())
+        return [str(model["id"]) for model in listing["data"]]
+    except urllib.error.HTTPError as error:
+        hint = f": its base URL usually ends in /v1 (try {url}/v1)" if not url.endswith("/v1") else ""
+        raise ServerRefusedError(f"{url}/models answered HTTP {error.code}; is this an OpenAI API{hint}?") from None
+    except urllib.error.URLError as error:
+        raise ServerRefusedError(f"cannot reach {url}: {error.reason}; is the server running there?") from None
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ServerRefusedError(f"{url}/models is not an OpenAI model list ({error}); is the URL right?") from None
 
 
 def post_json(url: str, body: dict, timeout: float = 300.0) -> dict:
@@ -146,8 +165,11 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "check",
         help="check an OpenAI-compatible server against refllm's reference",
-        description=__doc__.split("\n\n")[0]
-        + "\n\nexample: refllm check --server http://127.0.0.1:8000/v1 --model smollm2-135m",
+        description="Check an OpenAI-compatible server against refllm: for a few prompts, its greedy tokens and\n"
+        "top log-probabilities beside those of refllm's float32 spec over the same weights. The server\n"
+        "is asked for its models first, so a wrong URL or model name is said before anything loads.",
+        epilog="examples:\n  refllm check --server http://127.0.0.1:8000/v1 --model smollm2-135m\n"
+        "  refllm check --server http://127.0.0.1:8080/v1 --model local --reference ./SmolLM2.Q8_0.gguf",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--server", required=True, help="the server's base URL, ending in /v1")
@@ -161,7 +183,19 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    checkpoint = Checkpoint.open(args.reference or args.model)
+    served = server_models(args.server)  # a dead port, a URL without /v1, a name the server lacks: said first
+    if args.model not in served:
+        raise InvalidInputError(
+            f"{args.server} serves {', '.join(served) or 'no model'}, not {args.model}; --model names the server's"
+            " model (and --reference the same weights for refllm, where its name is not theirs)"
+        )
+    reference = args.reference or args.model
+    if not (reference in catalog.CATALOG or Path(reference).expanduser().exists()):
+        raise InvalidInputError(
+            f"refllm has no model {reference} to check {args.server} against: name the same weights with"
+            " --reference (a catalog name, .gguf file or Hugging Face directory)"
+        )
+    checkpoint = Checkpoint.open(reference)
     if args.prompts:
         prompts = [p.token_ids for p in read_prompts(args.prompts, checkpoint.tokenizer)]
     else:
