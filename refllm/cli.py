@@ -75,7 +75,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     params = sampling_params(args, stop=tuple(args.stop))
     chat = args.chat or args.system is not None  # a system message goes through the chat template
     model = common.load(args.model, chat=chat, context=args.context, **precision(args))
-    engine = common.start_engine(model, args.context)
+    engine = common.start_engine(model, args.context, args.model)
     try:
         if chat:
             system = [{"role": "system", "content": args.system}] if args.system else []

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from refllm.commands.common import write
+from refllm.commands.common import switch_note, write
 from refllm.runtime.engine import Engine
 from refllm.runtime.sampling import SamplingParams
 
@@ -63,6 +64,9 @@ def stream_answer(
                 handle.cancel()
                 break
     write("\n")
+    note = switch_note(engine)
+    if note:
+        print(note, file=sys.stderr)
     stopped = _stop_reason(reason, tokens, params, engine.info.eos_token_ids, engine.info.context_length)
     return "".join(parts), AnswerStats(len(prompt_ids), len(tokens), first - start, last - first, stopped)
 

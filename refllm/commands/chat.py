@@ -55,7 +55,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     name = args.model_name or args.model or catalog.DEFAULT_MODEL
     conversation = Conversation(sampling_params(args), args.system, args.quiet)  # every flag checked before loading
     model = common.load(name, chat=True, context=args.context, **precision(args))
-    engine = common.start_engine(model, args.context)
+    engine = common.start_engine(model, args.context, name)
     conversation.about = describe_model(name, model, engine.info.context_length)
     if sys.stdin.isatty():
         print(f"chatting with {name}; /help lists the commands", file=sys.stderr)

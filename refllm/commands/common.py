@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import numpy as np
 
 from refllm import catalog, progress
+from refllm.commands import warm_start
 from refllm.commands.parsing import closest
 from refllm.errors import InvalidInputError
 from refllm.kv import CacheConfig
@@ -103,24 +105,51 @@ def _no_chat_template(name: str) -> InvalidInputError:
     )
 
 
-def warm_llm(model: LlamaFamilyModel, context: int | None = None) -> LLM:
-    """An LLM over the model, its kernels compiled (with a notice) or loaded from the cache before any request.
+def warm_llm(model: LlamaFamilyModel, context: int | None = None, *, name: str | None = None, on_switch=None) -> LLM:
+    """An LLM over the model, its kernels loaded from Numba's cache, or compiled now (with a notice), before
+    any request. The spec ops compile nothing, and their arena writes in NumPy.
 
+    ``name``: the model as the command names it. With it, kernels not in the cache yet compile in another
+    process while the LLM answers on the spec ops, moving to them when ready (``warm_start``);
+    ``on_switch()`` is called then (``switch_note`` tells it too). REFLLM_COMPILE=foreground in the
+    environment waits for the compile instead, as every run did before.
     ``context`` caps the tokens of a sequence, and sizes the KV arena for one such sequence.
     """
     cache = CacheConfig() if context is None else CacheConfig(num_blocks=blocks_for(context, CacheConfig.block_size))
     llm = LLM(model, cache, context_length=context)
+    if model.ops.name == "spec":  # nothing to compile, so nothing to warm up
+        llm.arena.use_kernels = False
+        return llm
+    background = name is not None and os.environ.get("REFLLM_COMPILE") != "foreground"
+    if background and warm_start.kernels_cached(llm):
+        return llm
+    if background and warm_start.spec_twin_fits(model):
+        twin = warm_start.SpecUntilKernels(warm_start.spec_twin(model), model, on_switch)
+        warm_start.start_compiling(name, has_quantized_weights(model))
+        print(warm_start.NOTICE, file=sys.stderr)
+        llm = LLM(twin, cache, context_length=context)  # no warm-up: the spec ops compile nothing
+        warm_start.watch(twin, model, lambda line: print(line, file=sys.stderr))
+        return llm
     with progress.compiling_kernels():
         llm.warm_up()
     return llm
 
 
-def start_engine(model: LlamaFamilyModel, context: int | None = None) -> Engine:
+def start_engine(model: LlamaFamilyModel, context: int | None = None, name: str | None = None) -> Engine:
     """An engine for one user at a time, stepped by its caller, that shows a long prompt's progress;
     see ``warm_llm``."""
-    llm = warm_llm(model, context)
+    llm = warm_llm(model, context, name=name)
     llm.prefill_progress = progress.PromptProgress()
     return Engine(LLMExecutor(llm, offload=False), model.tokenizer)
+
+
+def switch_note(engine: Engine) -> str | None:
+    """The line that says the engine's model moved to the kernels, once, after the answer it happened in."""
+    model = engine.executor.llm.model
+    if isinstance(model, warm_start.SpecUntilKernels) and model.switched and not model.announced:
+        model.announced = True
+        return warm_start.SWITCHED
+    return None
 
 
 def has_quantized_weights(model: LlamaFamilyModel) -> bool:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from refllm import catalog
 from refllm.commands import common
+from refllm.commands.warm_start import SWITCHED
 from refllm.commands.flags import add_model_flag, add_precision_flags, port_number, positive_int, positive_number, precision
 from refllm.errors import InvalidInputError
 from refllm.runtime.engine import Engine
@@ -76,7 +77,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         hosts = (*(hosts or ()), *args.allowed_host)
     limits = ServerLimits(max_body_bytes=int(args.max_body_mb * 1e6))
     model = common.load(args.model, context=args.context, **precision(args))
-    llm = common.warm_llm(model, args.context)
+    llm = common.warm_llm(model, args.context, name=args.model, on_switch=lambda: print(SWITCHED, file=sys.stderr))
     engine = Engine(LLMExecutor(llm), model.tokenizer, max_batch_size=args.max_batch)
     name = model_id(args.model)
     where = f"http://{args.host}:{args.port}/v1"
