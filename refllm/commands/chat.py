@@ -141,14 +141,14 @@ class Conversation:
 
     def _show(self, rest: str, tokenizer: Tokenizer) -> None:
         if rest == "template":
-            _say(tokenizer.chat_template)
+            _say(tokenizer.chat_template.source)
             return
         if rest:
             raise UsageError(f"no /show {rest}; /show alone, or /show template")
         used = len(chat_ids(tokenizer, self.template_messages())) if self.template_messages() else 0
         context = int(self.about.get("context", 0)) or None
         share = f" ({100 * used / context:.1f}%)" if context else ""
-        template = tokenizer.chat_template or ""
+        template = tokenizer.chat_template.source
         rows = {
             "model": self.about.get("model", "?"),
             "template": f"the model's chat template, {len(template.splitlines())} lines (/show template prints it)",
