@@ -5,6 +5,7 @@
     t.layers[3].attention                       # [H, T, T]: how much each head's query t looks at each key
     t.layers[3].ops                             # every op of layer 3 in call order: name, weight, output
     ids, probs = t.logit_lens(top=5)            # [L, T, 5]: what each layer's residual stream would predict
+    t.lens(12)                                  # [T, V]: layer 12's logit lens in full
     t.layers[1].experts                         # (expert ids [T, k], weights [T, k]) in a sparse layer
 
 ``trace`` runs the model's own forward pass (``refllm/models``) with its op set
@@ -83,13 +84,16 @@ class Trace:
         """[T, D]: the residual stream leaving ``layer``."""
         return self.layers[layer + 1].residual if layer + 1 < len(self.layers) else self.residual
 
-    def logit_lens(self, top: int = 5, positions: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """What each layer would predict at each position were it the last: the residual stream after
-        the layer through the final norm and the LM head -> (token ids [L, P, top], probabilities [L, P, top]),
-        most likely first. ``positions``: which of the T positions (default all)."""
+    def lens(self, layer: int, positions: Sequence[int] | None = None) -> np.ndarray:
+        """The logit lens of one layer: its outgoing residual stream through the final norm and the LM head,
+        as if the model ended there -> logits [P, V]. ``positions``: which of the T positions (default all)."""
         rows = slice(None) if positions is None else np.asarray(positions)
-        stacked = np.stack([self.residual_after(i)[rows] for i in range(len(self.layers))])  # [L, P, D]
-        logits = self._to_logits(stacked).astype(np.float64)
+        return self._to_logits(self.residual_after(layer)[rows])
+
+    def logit_lens(self, top: int = 5, positions: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """What each layer would predict at each position were it the last (``lens``) -> (token ids
+        [L, P, top], probabilities [L, P, top]), most likely first."""
+        logits = np.stack([self.lens(i, positions) for i in range(len(self.layers))]).astype(np.float64)
         ids = np.argsort(-logits, axis=-1, kind="stable")[..., :top]
         probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
         probs /= probs.sum(axis=-1, keepdims=True)

@@ -15,8 +15,6 @@ forbidden). One compiling process at a time, whichever run started it: a file
 lock says one is under way. Where the spec ops' float32 copy of the weights
 would not fit in memory, or the lock cannot be had (no ``fcntl``), the run
 compiles in the foreground as before, with its notice.
-
-    python -m refllm.commands.warm_start MODEL quantized|dequantized    what the background process runs
 """
 
 from __future__ import annotations
@@ -48,6 +46,7 @@ NOTICE = (
 )
 SWITCHED = "the Numba kernels are compiled: answering on them from here"
 LOG_NAME = "kernel-compile.log"  # in $REFLLM_HOME: what the background process printed
+BACKGROUND_MODULE = "refllm.commands.background_compile"  # what the background process runs
 
 
 class _CompileStarted(Exception):
@@ -101,7 +100,7 @@ def start_compiling(name: str, quantized: bool) -> None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
             subprocess.Popen(
-                [sys.executable, "-m", __name__, name, "quantized" if quantized else "dequantized"],
+                [sys.executable, "-m", BACKGROUND_MODULE, name, "quantized" if quantized else "dequantized"],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(lock,), start_new_session=True,
             )  # fmt: skip
     finally:
@@ -195,16 +194,3 @@ def _dequantized(value: Any, memo: dict[int, Any] | None = None) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(_dequantized(item, memo) for item in value)
     return value
-
-
-def _compile_in_background(name: str, way: str) -> None:
-    """The background process: load the model as the run did and compile its kernels into the cache."""
-    from refllm.commands import common
-
-    os.nice(10)  # the run answering in the foreground comes first
-    model = common.load(name, quantized=way == "quantized", text=False)
-    common.warm_llm(model)
-
-
-if __name__ == "__main__":
-    _compile_in_background(sys.argv[1], sys.argv[2])
