@@ -56,7 +56,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
     conversation = Conversation(sampling_params(args), args.system, args.quiet)  # every flag checked before loading
     model = common.load(name, chat=True, context=args.context, **precision(args))
     engine = common.start_engine(model, args.context, name)
-    conversation.about = describe_model(name, model, engine.info.context_length)
+    # the engine's model: a first run's moves from the spec ops to the kernels, and /show says which it is on
+    conversation.about = lambda: describe_model(name, engine.executor.llm.model, engine.info.context_length)
     if sys.stdin.isatty():
         print(f"chatting with {name}; /help lists the commands", file=sys.stderr)
     try:
@@ -86,7 +87,7 @@ class Conversation:
     def __init__(self, params: SamplingParams, system: str | None, quiet: bool):
         self.params, self.system, self.quiet = params, system, quiet
         self.messages: list[dict] = []
-        self.about: dict[str, str] = {}  # what /show says of the model, set once it is loaded
+        self.about = lambda: {}  # -> what /show says of the model, set once it is loaded
 
     def template_messages(self) -> list[dict]:
         """What the chat template renders: the system message, if any, then the conversation."""
@@ -146,11 +147,12 @@ class Conversation:
         if rest:
             raise UsageError(f"no /show {rest}; /show alone, or /show template")
         used = len(chat_ids(tokenizer, self.template_messages())) if self.template_messages() else 0
-        context = int(self.about.get("context", 0)) or None
+        about = self.about()
+        context = int(about.get("context", 0)) or None
         share = f" ({100 * used / context:.1f}%)" if context else ""
         template = tokenizer.chat_template.source
         rows = {
-            "model": self.about.get("model", "?"),
+            "model": about.get("model", "?"),
             "template": f"the model's chat template, {len(template.splitlines())} lines (/show template prints it)",
             "context": f"{used:,} of {context or '?':,} tokens used{share}, {len(self.messages)} messages",
         }
