@@ -53,7 +53,7 @@ def first_token(bin_dir: Path, model: str, max_tokens: int, extra_env: dict[str,
     env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "REFLLM_COMPILE")} | extra_env
     command = [str(bin_dir / "refllm"), "generate", PROMPT, "-m", model, "-n", str(max_tokens), "--quiet"]
     start = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=bin_dir)
     seen, first = b"", None
     while True:
         ready, _, _ = select.select([process.stdout], [], [], 600)
@@ -73,7 +73,10 @@ def wait_for_background_compile(bin_dir: Path) -> float:
     """Block until the environment's background compile has finished -> seconds waited."""
     start = time.perf_counter()
     script = "from refllm.commands.warm_start import wait_for_compiling; wait_for_compiling()"
-    subprocess.run([str(bin_dir / "python"), "-c", script], check=True, env=os.environ | {"NUMBA_CACHE_DIR": ""})
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    # run from the environment's folder: -c puts the current folder first on the path, and this checkout's
+    # refllm (with its own kernel cache and lock) must not shadow the installed one
+    subprocess.run([str(bin_dir / "python"), "-c", script], check=True, env=env, cwd=bin_dir)
     return time.perf_counter() - start
 
 

@@ -98,3 +98,9 @@ def test_a_fresh_kernel_cache_answers_at_once_then_runs_on_the_kernels(tmp_path)
         assert run.returncode == 0 and warm_start.NOTICE not in run.stderr and COMPILE_NOTICE not in run.stderr
     foreground = refllm_run("generate", "hello", "-m", tiny, "-n", "4", env=env | {"REFLLM_COMPILE": "foreground"})
     assert foreground.returncode == 0 and foreground.stdout == first.stdout
+
+
+def test_the_background_process_imports_this_very_package():
+    """It runs ``python -m`` from where this refllm is imported, so another checkout in the folder a run
+    started from (the current folder comes first on ``-m``'s path) cannot stand in for it."""
+    assert (warm_start.PACKAGE_HOME / "refllm" / "__init__.py").samefile(refllm.__file__)

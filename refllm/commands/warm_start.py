@@ -13,8 +13,9 @@ A kernel found in the cache loads in a fraction of a second, so a later run
 starts on the kernels at once (``kernels_cached`` tries them with compilation
 forbidden). One compiling process at a time, whichever run started it: a file
 lock says one is under way. Where the spec ops' float32 copy of the weights
-would not fit in memory, or the lock cannot be had (no ``fcntl``), the run
-compiles in the foreground as before, with its notice.
+would not fit in memory, or with REFLLM_COMPILE=foreground in the environment,
+the run compiles in the foreground as before, with its notice
+(``refllm.commands.common.warm_llm`` decides).
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ NOTICE = (
 SWITCHED = "the Numba kernels are compiled: answering on them from here"
 LOG_NAME = "kernel-compile.log"  # in $REFLLM_HOME: what the background process printed
 BACKGROUND_MODULE = "refllm.commands.background_compile"  # what the background process runs
+# Where this refllm is imported from: the background process starts there, so that ``-m`` (which puts the
+# current folder first on the path) finds this very package, not another in the folder the run was started from.
+PACKAGE_HOME = Path(__file__).resolve().parents[2]
 
 
 class _CompileStarted(Exception):
@@ -102,6 +106,7 @@ def start_compiling(name: str, quantized: bool) -> None:
             subprocess.Popen(
                 [sys.executable, "-m", BACKGROUND_MODULE, name, "quantized" if quantized else "dequantized"],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(lock,), start_new_session=True,
+                cwd=PACKAGE_HOME,
             )  # fmt: skip
     finally:
         os.close(lock)  # the child's inherited descriptor keeps the lock until it exits
