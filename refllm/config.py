@@ -21,10 +21,10 @@ from typing import Any
 from refllm.architectures import READERS, SUPPORTED_ARCHITECTURES
 from refllm.architectures.deepseek import GroupedExperts, LatentAttention
 from refllm.architectures.keys import HFKeys
-from refllm.config_checks import check_fields
+from refllm.config_checks import MAX_LAYERS, check_fields, check_layer_types, check_layers
 from refllm.errors import ConfigError
 from refllm.moe_parameters import MoeParameters
-from refllm.rope_parameters import FULL_ATTENTION, ROPE_TYPES, SLIDING_ATTENTION, RopeParameters
+from refllm.rope_parameters import FULL_ATTENTION, LAYER_TYPES, ROPE_TYPES, SLIDING_ATTENTION, RopeParameters
 
 __all__ = [
     "ACTIVATIONS", "FULL_ATTENTION", "ROPE_TYPES", "SLIDING_ATTENTION", "SUPPORTED_ARCHITECTURES",
@@ -103,15 +103,9 @@ class ModelConfig:
             raise ConfigError(f"unsupported activation {self.hidden_act!r}; supported: {', '.join(ACTIVATIONS)}")
         if not self.layer_types:
             object.__setattr__(self, "layer_types", (FULL_ATTENTION,) * self.num_hidden_layers)
-        if len(self.layer_types) != self.num_hidden_layers:
-            raise ConfigError(
-                f"layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} layers"
-            )
+        check_layers(self, LAYER_TYPES)
         if self.attention_scale is None:
             object.__setattr__(self, "attention_scale", self.head_dim**-0.5)
-        for layer in self.nope_layers:
-            if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.num_hidden_layers:
-                raise ConfigError(f"nope_layers holds {layer!r:.30}, not a layer of 0 .. {self.num_hidden_layers - 1}")
         if self.post_norms and self.sandwich_norms:
             raise ConfigError("post_norms and sandwich_norms are two placements; a model has one")
         for layer_type in set(self.layer_types):
@@ -187,7 +181,11 @@ class ModelConfig:
                 f"unsupported model_type {model_type!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
         try:
-            return cls(**READERS[model_type](HFKeys(config)))
+            keys = HFKeys(config)
+            if keys.items("layer_types") is not None:  # even where the family derives its own
+                layers = keys.size("num_hidden_layers", high=MAX_LAYERS)
+                check_layer_types(keys.items("layer_types"), LAYER_TYPES, layers)
+            return cls(**READERS[model_type](keys))
         except ConfigError:
             raise
         except (TypeError, ValueError, AttributeError, OverflowError, ZeroDivisionError) as error:

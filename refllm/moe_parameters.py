@@ -4,12 +4,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from refllm.config_checks import check_number, check_size
+from refllm.config_checks import OPTIONAL_POSITIVE, POSITIVE, SIZE, check_bounds
 from refllm.errors import ConfigError
 
 SOFTMAX_THEN_TOPK = "softmax_then_topk"  # Mixtral, Qwen3-MoE
 TOPK_THEN_SOFTMAX = "topk_then_softmax"  # gpt-oss
 ROUTINGS = (SOFTMAX_THEN_TOPK, TOPK_THEN_SOFTMAX)
+
+MOE_BOUNDS = {
+    "num_experts": SIZE,  # ``models/expert_weights.py`` holds it against the tensors before building per expert
+    "experts_per_token": SIZE,
+    "moe_intermediate_size": SIZE,
+    "decoder_sparse_step": SIZE,
+    "swiglu_limit": OPTIONAL_POSITIVE,
+    "swiglu_alpha": POSITIVE,
+}
+_KEYS = {"experts_per_token": "num_experts_per_tok"}  # config.json keys that differ from the field names
 
 
 @dataclass(frozen=True)
@@ -33,19 +43,13 @@ class MoeParameters:
     decoder_sparse_step: int = 1
 
     def __post_init__(self) -> None:
-        check_size(self.num_experts, "num_experts")
-        check_size(self.experts_per_token, "num_experts_per_tok")
-        check_size(self.moe_intermediate_size, "moe_intermediate_size")
-        check_size(self.decoder_sparse_step, "decoder_sparse_step")
+        check_bounds(self, MOE_BOUNDS, keys=_KEYS)
         if self.experts_per_token > self.num_experts:
             raise ConfigError(
                 f"num_experts_per_tok ({self.experts_per_token}) is more than the {self.num_experts} experts"
             )
         if self.routing not in ROUTINGS:
             raise ConfigError(f"unknown routing {self.routing!r}; known: {', '.join(ROUTINGS)}")
-        if self.swiglu_limit is not None:
-            check_number(self.swiglu_limit, "swiglu_limit", positive=True)
-        check_number(self.swiglu_alpha, "swiglu_alpha")
 
     def is_sparse(self, layer: int) -> bool:
         """Whether ``layer`` runs the experts (else a dense MLP of ``intermediate_size``)."""

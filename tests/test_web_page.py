@@ -67,7 +67,7 @@ def test_the_page_chats_streaming_and_shows_inside_the_model(model, server):
             page.wait_for_selector("#key-dialog[open]")  # the server has an API key: the page asks for it
             page.fill("#key", KEY)
             page.click("#key-form button")
-            page.wait_for_function("document.getElementById('model').textContent === 'tiny'")
+            page.locator("#model", has_text="tiny").wait_for()  # (the page's CSP forbids evaluated strings)
             page.click("#settings summary")
             page.fill("#max_tokens", "6")
             page.fill("#prompt", "Hello there")

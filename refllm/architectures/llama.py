@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from refllm.architectures.keys import HFKeys, common_fields, rope_for_types, single_rope, window_layer_types
+from refllm.config_checks import COUNT, checked
 from refllm.rope_parameters import FULL_ATTENTION, SLIDING_ATTENTION
 
 
@@ -34,7 +35,8 @@ def read_mistral(keys: HFKeys) -> dict[str, Any]:
 def read_qwen(keys: HFKeys) -> dict[str, Any]:
     # use_sliding_window: false makes the sliding_window value inert.
     window = keys.get("sliding_window") if keys.get("use_sliding_window", False) else None
-    layer_types = window_layer_types(keys, window, int(keys.get("max_window_layers", 28)))
+    first_window_layer = checked(keys.get("max_window_layers", 28), "max_window_layers", COUNT)
+    layer_types = window_layer_types(keys, window, first_window_layer)
     is_qwen3 = keys.require("model_type") == "qwen3"
     qwen3_bias = bool(keys.get("attention_bias", False))
     return dict(

@@ -18,6 +18,7 @@ from refllm.loading import open_source
 from refllm.memory import available_memory, weight_bytes
 from refllm.models.contract import ModelSource
 from refllm.models.llama import LlamaFamilyModel
+from refllm.models.expert_weights import expert_layout
 from refllm.models.weights import checkpoint_shapes, weight_leaves
 from refllm.quant.linear import QuantizedTensor
 from refllm.runtime.engine import Engine
@@ -72,7 +73,8 @@ def load(
         raise InvalidInputError(
             f"{name} needs about {size(needed)} for its weights, more than the {size(available)} of memory available"
         )
-    with progress.task(f"loading {name}", total=len(checkpoint_shapes(source.config)), unit="tensor") as bar:
+    tensors = len(checkpoint_shapes(source.config, expert_layout(source.config, source.tensor_names())))
+    with progress.task(f"loading {name}", total=tensors, unit="tensor") as bar:
         return LlamaFamilyModel.load(_CountingSource(source, bar.update), dtype, reference)
 
 

@@ -44,6 +44,7 @@ from refllm.io.gguf_families import FAMILY_CONFIGS, FamilyFacts
 from refllm.io.gguf_experts import EXPERT_LAYER_NAMES, moe_config
 from refllm.io.gguf_header import GGUFHeader, TensorInfo, map_file
 from refllm.io.gguf_tokenizer import tokenizer_from_gguf, tokenizer_metadata
+from refllm.models.expert_weights import check_expert_count
 from refllm.quant.formats import FORMATS, dequantize
 from refllm.quant.linear import QuantizedTensor, kernel_reads
 
@@ -149,6 +150,7 @@ class GGUFSource:
         self._tensors = self._map_tensors()  # Hugging Face name -> TensorInfo
         try:
             self.config = ModelConfig.from_hf(self._hf_config())
+            check_expert_count(self.config, self._tensors, f"metadata {self.architecture}.expert_count")
         except ConfigError as e:
             raise GGUFFileError(f"{self.path}: {e}") from None
         self.tokenizer = self._tokenizer()

@@ -20,10 +20,12 @@ from typing import Any
 
 import numpy as np
 
+from refllm.architectures.keys import expert_count_key
 from refllm.config import ConfigError, ModelConfig
 from refllm.config_checks import check_layer_count
 from refllm.errors import WeightError
 from refllm.io.json_file import parse_json_object, read_json_object
+from refllm.models.expert_weights import check_expert_count
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
 MAX_HEADER_BYTES = 100_000_000  # the safetensors format's own bound on its JSON header
@@ -165,6 +167,7 @@ class HFDirectorySource:
         self.checkpoint = SafetensorsCheckpoint(directory)
         unused_layers = self.config.unused_layers
         check_layer_count(self.config.num_hidden_layers, self.checkpoint.names(), str(config_file), unused_layers)
+        check_expert_count(self.config, self.checkpoint.names(), f"{config_file} ({expert_count_key(raw_config)})")
         self.tokenizer = Tokenizer.from_directory(directory)
 
     def tensor_names(self) -> list[str]:

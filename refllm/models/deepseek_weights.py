@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from refllm.config import ModelConfig
+from refllm.errors import WeightError
 from refllm.nn.moe import Expert
 
 
@@ -135,13 +136,19 @@ class _DeepseekView:
     """A ModelSource that shows fused 3-D expert tensors as the per-expert tensors they hold, and hides
     the tensors of layers past ``num_layers`` (the multi-token-prediction module)."""
 
-    def __init__(self, source, fused: dict[str, str], num_layers: int):
+    def __init__(self, source, fused: dict[str, str], config: ModelConfig):
         self._source = source
         self._fused = fused  # fused name -> its prefix, "model.layers.{i}.mlp.experts."
-        self._num_layers = num_layers
+        self._num_layers = config.num_hidden_layers
         self._parts: dict[str, tuple[str, int, slice]] = {}  # per-expert name -> (fused name, expert, rows)
         for name, prefix in fused.items():
             stacked_shape = source.tensor(name).shape  # [X, 2F, D] or [X, D, F]
+            experts = config.grouped_experts.num_experts if config.grouped_experts is not None else 0
+            if len(stacked_shape) != 3 or stacked_shape[0] != experts:  # before a name is built per expert
+                raise WeightError(
+                    f"tensor {name!r} in {source.where(name)} has shape {tuple(stacked_shape)}; config.json"
+                    f" implies {experts} experts of 3-D [X, rows, columns]"
+                )
             for e in range(stacked_shape[0]):
                 if name.endswith("gate_up_proj"):
                     half = stacked_shape[1] // 2
@@ -173,4 +180,4 @@ def deepseek_view(config: ModelConfig, source):
     if config.grouped_experts is None and not config.unused_layers:
         return source
     fused = {name: match.group(1) for name in source.tensor_names() if (match := _FUSED.match(name))}
-    return _DeepseekView(source, fused, config.num_hidden_layers)
+    return _DeepseekView(source, fused, config)

@@ -21,15 +21,23 @@ Three layouts reach refllm:
                   mlp.experts.down_proj.weight [X, D, M]
 
 Whichever it is, the forward pass sees a list of ``Expert``, each projection a contiguous [out, in] matrix.
+
+The fused and stacked layouts hold all experts of a projection in one tensor, whose shape
+is compared with the config's before anything is built per expert; the per-expert layout
+names each expert apart, so its sources hold the config's count against the experts the
+tensor names hold (``check_expert_count``) before a name is built per expert: a count of
+10**7 would otherwise build 3 * 10**7 names per layer, gigabytes, before the first comparison.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 
 import numpy as np
 
 from refllm.config import ModelConfig
+from refllm.errors import ConfigError
 from refllm.nn.moe import Expert
 
 # model_type -> (router name, expert prefix with {e}, gate, up, down names) of the per-expert layout
@@ -40,6 +48,7 @@ PER_EXPERT_NAMES = {
 # Architectures whose files hold experts fused, transposed to [in, out] with gate/up columns interleaved.
 INTERLEAVED_FUSED = ("gpt_oss",)
 PER_EXPERT, FUSED, STACKED = "per expert", "fused", "stacked"
+_EXPERT_NAME = re.compile(r"model\.layers\.\d+\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.")
 
 
 def expert_layout(config: ModelConfig, tensor_names: Iterable[str]) -> str:
@@ -50,6 +59,23 @@ def expert_layout(config: ModelConfig, tensor_names: Iterable[str]) -> str:
     if config.model_type not in PER_EXPERT_NAMES or any(name.endswith(".mlp.experts.gate_up_proj") for name in names):
         return FUSED
     return PER_EXPERT
+
+
+def check_expert_count(config: ModelConfig, tensor_names: Iterable[str], where: str) -> None:
+    """Refuse, naming ``where`` (the file and its key), a per-expert checkpoint whose tensors hold other experts
+    than the config's count, numbered 0 to X - 1; fused and stacked ones compare shapes, and pass here."""
+    names = list(tensor_names)
+    if not any(config.is_sparse(layer) for layer in range(config.num_hidden_layers)):
+        return  # dense
+    if any(name.endswith(".mlp.experts.gate_up_proj") for name in names):
+        return  # fused (DeepSeek-V3's too: ``deepseek_view`` compares its shape)
+    if config.grouped_experts is None and expert_layout(config, names) != PER_EXPERT:
+        return
+    present = {int(match.group(1)) for name in names if (match := _EXPERT_NAME.match(name))}
+    count = config.experts.num_experts
+    if len(present) != count or max(present, default=-1) != count - 1:
+        held = f"{len(present)} experts numbered up to {max(present)}" if present else "no expert tensors"
+        raise ConfigError(f"{where} gives {count} experts per sparse layer, but its tensors hold {held}")
 
 
 def sparse_layer_shapes(config: ModelConfig, layer: int, layout: str) -> dict[str, tuple[int, ...]]:

@@ -4,7 +4,8 @@
 
 uvicorn writes its access line when a response starts, before a stream has a
 single token, so the server writes its own at the end instead (``serve`` turns
-uvicorn's off). A completion's line adds its prompt and generated token counts,
+uvicorn's off). Like uvicorn's (``connections.NoQueryStrings``), it never shows a
+query string, which could carry a credential. A completion's line adds its prompt and generated token counts,
 the time to its first token and the generation speed (tokens after the first,
 over the time after it, as the command line's stats line counts them).
 """
@@ -15,6 +16,8 @@ import http
 import logging
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from refllm.server.connections import QUERY_NOT_LOGGED
 
 LOGGER = logging.getLogger("uvicorn.error")  # uvicorn's own handler: "INFO:     ..." on stderr
 
@@ -46,7 +49,7 @@ class AccessLog:
 def request_line(scope: Scope, status: int) -> str:
     client = scope.get("client")
     where = f"{client[0]}:{client[1]}" if client else "-"
-    path = scope.get("path", "") + (f"?{scope['query_string'].decode('latin-1')}" if scope.get("query_string") else "")
+    path = scope.get("path", "") + (QUERY_NOT_LOGGED if scope.get("query_string") else "")  # never a credential
     try:
         phrase = http.HTTPStatus(status).phrase
     except ValueError:

@@ -31,7 +31,14 @@ from typing import Any
 import anyio
 import numpy as np
 
-from refllm.runtime.sampling import SamplingParams, min_p_filter, top_k_filter, top_p_filter
+from refllm.runtime.sampling import (
+    SamplingParams,
+    apply_logit_bias,
+    apply_temperature,
+    min_p_filter,
+    top_k_filter,
+    top_p_filter,
+)
 from refllm.server import protocol
 from refllm.server.protocol import RequestError
 from refllm.tracing import Trace, trace
@@ -57,7 +64,9 @@ async def inside_view(server: Any, body: dict[str, Any]) -> dict[str, Any]:
             f"the conversation and answer hold {len(ids)} tokens; the inside view traces at most {MAX_TOKENS}",
             param="messages", code="context_length_exceeded",
         )  # fmt: skip
-    params = protocol.sampling_params(body, max_tokens=1, logprobs=None, max_n=1)
+    params = protocol.sampling_params(
+        body, max_tokens=1, logprobs=None, max_n=1, vocab_size=model.config.vocab_size
+    )
     traced = await anyio.to_thread.run_sync(functools.partial(trace, model, ids, keep_ops=False))
     view = describe(traced, len(prompt), params, lambda token_id: server.tokenizer.decode([token_id]))
     inspect = getattr(server.engine.executor, "inspect", None)  # an LLMExecutor's arena
@@ -94,11 +103,11 @@ def describe(traced: Trace, answer_start: int, params: SamplingParams, decode: C
 
 
 def next_token(logits: np.ndarray, params: SamplingParams, decode: Callable[[int], str], chosen: int) -> dict[str, Any]:
-    """One position's distribution under the request's temperature, and what the sampler's filters keep."""
-    logits = np.asarray(logits, np.float64)
-    temperature = params.temperature or 1.0  # greedy: the distribution as it is; the top token is taken
-    scaled = logits / temperature
-    probs = np.exp(scaled - scaled.max())
+    """One position's distribution under the request's logit bias and temperature (the sampler's own steps,
+    penalties aside: they depend on the history), and what the sampler's filters keep."""
+    biased = apply_logit_bias(np.asarray(logits, np.float64), params.logit_bias)
+    scaled = apply_temperature(biased, params.temperature or 1.0)  # greedy: as it is; the top token is taken
+    probs = np.exp(scaled)
     probs /= probs.sum()
     after_k = top_k_filter(scaled, params.top_k)
     after_p = top_p_filter(after_k, params.top_p)
