@@ -102,11 +102,12 @@ def compiling_kernels() -> Iterator[None]:
 
 class PromptProgress:
     """The prefill's bar: called with (tokens computed, tokens to compute) before and after each chunk
-    (``LLM.prefill_progress``). A prompt read within ``delay`` seconds shows nothing; a longer one shows
-    ``task``'s bar (tokens done / total, tokens/s) from then on, or off a terminal one line and its end."""
+    (``LLM.prefill_progress``). A prompt read within ``delay`` seconds shows nothing, nor does one of
+    ``chunk`` tokens or fewer (its bar could not move); a longer one shows ``task``'s bar (tokens done /
+    total, tokens/s) from then on, or off a terminal one line and its end."""
 
-    def __init__(self, description: str = "reading the prompt", delay: float = 1.0):
-        self.description, self.delay = description, delay
+    def __init__(self, chunk: int = 0, description: str = "reading the prompt", delay: float = 1.0):
+        self.description, self.delay, self.chunk = description, delay, chunk
         self._step = None  # the running ``task`` and its bar, once shown
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
@@ -115,7 +116,7 @@ class PromptProgress:
     def __call__(self, done: int, total: int) -> None:
         with self._lock:
             self._done, self._total = done, total
-            if done == 0:
+            if done == 0 and total > self.chunk:
                 self._timer = threading.Timer(self.delay, self._show)
                 self._timer.daemon = True
                 self._timer.start()

@@ -152,7 +152,11 @@ def test_prompt_progress_shows_after_its_delay_and_says_when_it_is_done(capsys):
     quick = progress.PromptProgress(delay=5)
     quick(0, 6000)
     quick(6000, 6000)
-    slow = progress.PromptProgress(delay=0.05)
+    one_chunk = progress.PromptProgress(chunk=256, delay=0.01)  # a bar that could not move is not shown
+    one_chunk(0, 256)
+    time.sleep(0.2)
+    one_chunk(256, 256)
+    slow = progress.PromptProgress(chunk=256, delay=0.05)
     slow(0, 6000)
     time.sleep(0.3)
     slow(256, 6000)

@@ -42,18 +42,18 @@ def stream_answer(
 ) -> tuple[str, AnswerStats]:
     """Write the answer to stdout as it comes -> (the text shown, its stats).
 
-    ``echo``: text written before the answer (the prompt ``generate`` continues), once the engine has
-    accepted the prompt: a prompt too long for the context is refused before anything is shown.
+    ``echo``: text written before the answer (the prompt ``generate`` continues), with its first piece:
+    a prompt too long for the context is refused before anything is shown, and a long prompt's progress
+    bar has its own line.
     ``ctrl_c_stops``: Ctrl-C ends this answer cleanly (between engine steps) instead of raising.
     """
     start = time.perf_counter()
     handle = engine.submit(prompt_ids, params)
-    if echo:
-        write(echo)
     parts, tokens, first, last, reason = [], [], start, start, "cancelled"
     with _ctrl_c_sets_flag() if ctrl_c_stops else contextlib.nullcontext(threading.Event()) as interrupted:
         for delta in handle:
-            write(delta.text)
+            write(echo + delta.text)
+            echo = ""
             parts.append(delta.text)
             if delta.token_id is not None:
                 first = first if tokens else time.perf_counter()
@@ -63,7 +63,7 @@ def stream_answer(
             if interrupted.is_set():
                 handle.cancel()
                 break
-    write("\n")
+    write(echo + "\n")
     note = switch_note(engine)
     if note:
         print(note, file=sys.stderr)

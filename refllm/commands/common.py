@@ -23,7 +23,7 @@ from refllm.models.weights import checkpoint_shapes, weight_leaves
 from refllm.quant.linear import QuantizedTensor
 from refllm.runtime.engine import Engine
 from refllm.runtime.executor import LLMExecutor
-from refllm.runtime.llm import LLM
+from refllm.runtime.llm import LLM, PREFILL_CHUNK
 
 
 def open_model(name: str, quantized: bool = False, *, chat: bool = False, dtype: str = "float32") -> ModelSource:
@@ -141,7 +141,7 @@ def start_engine(model: LlamaFamilyModel, context: int | None = None, name: str 
     """An engine for one user at a time, stepped by its caller, that shows a long prompt's progress;
     see ``warm_llm``."""
     llm = warm_llm(model, context, name=name)
-    llm.prefill_progress = progress.PromptProgress()
+    llm.prefill_progress = progress.PromptProgress(PREFILL_CHUNK)
     return Engine(LLMExecutor(llm, offload=False), model.tokenizer)
 
 
