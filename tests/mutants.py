@@ -83,21 +83,22 @@ class InterleavedRope(LlamaFamilyModel):
 class ChunkPositionOffByOne(LlamaFamilyModel):
     """A prompt chunk after the first is rotated one position too far."""
 
-    def decoder_layer(self, layer_index, w, x, positions, cache, seq_ids):
+    def decoder_layer(self, layer_index, w, x, positions, cache, seq_ids, image_spans=None):
         if x.shape[1] > 1 and positions[0, 0] > 0:
             positions = positions + 1
-        return super().decoder_layer(layer_index, w, x, positions, cache, seq_ids)
+        return super().decoder_layer(layer_index, w, x, positions, cache, seq_ids, image_spans=image_spans)
 
 
 # --- attention ----------------------------------------------------------------------------
 
 
 class _WrongGroups(_CacheProxy):
-    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=None):
+    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=None, image_spans=None):
         heads, kv_heads = q.shape[2], self.inner.shape.num_kv_heads
         order = np.argsort(np.arange(heads) % kv_heads, kind="stable")  # query head h reads KV head h % K
         out = np.empty_like(q)
-        out[:, :, order] = self.inner.attention(layer, seq_ids, q[:, :, order], scale, window, softcap, attend)
+        out[:, :, order] = self.inner.attention(layer, seq_ids, q[:, :, order], scale, window, softcap, attend,
+                                                image_spans=image_spans)  # fmt: skip
         return out
 
 
@@ -116,8 +117,9 @@ class SoftmaxScale(LlamaFamilyModel):
 
 
 class _WindowOffByOne(_CacheProxy):
-    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=None):
-        return self.inner.attention(layer, seq_ids, q, scale, window and window + 1, softcap, attend)
+    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=None, image_spans=None):
+        return self.inner.attention(layer, seq_ids, q, scale, window and window + 1, softcap, attend,
+                                    image_spans=image_spans)  # fmt: skip
 
 
 class SlidingWindowOffByOne(LlamaFamilyModel):
@@ -128,8 +130,9 @@ class SlidingWindowOffByOne(LlamaFamilyModel):
 
 
 class _RowZeroKeys(_CacheProxy):
-    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=None):
-        return self.inner.attention(layer, [seq_ids[0]] * len(seq_ids), q, scale, window, softcap, attend)
+    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=None, image_spans=None):
+        return self.inner.attention(layer, [seq_ids[0]] * len(seq_ids), q, scale, window, softcap, attend,
+                                    image_spans=image_spans)  # fmt: skip
 
 
 class BatchRowsShareKeys(LlamaFamilyModel):
@@ -216,8 +219,8 @@ class DynamicNtkStaticBase(LlamaFamilyModel):
 class RopeTableOf32(LlamaFamilyModel):
     """RoPE angles from a table of 32 positions: every position past 31 is rotated as position 31."""
 
-    def decoder_layer(self, layer, w, x, positions, cache, seq_ids):
-        return super().decoder_layer(layer, w, x, np.minimum(positions, 31), cache, seq_ids)
+    def decoder_layer(self, layer, w, x, positions, cache, seq_ids, image_spans=None):
+        return super().decoder_layer(layer, w, x, np.minimum(positions, 31), cache, seq_ids, image_spans=image_spans)
 
 
 def _softmax_without_max(q, k, v, query_positions, scale, window=None, softcap=None):
@@ -243,9 +246,9 @@ class _AttendReplaced(_CacheProxy):
         super().__init__(inner)
         self.wrong = wrong
 
-    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=None):
+    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=None, image_spans=None):
         attend = attend if isinstance(attend, functools.partial) else self.wrong
-        return self.inner.attention(layer, seq_ids, q, scale, window, softcap, attend)
+        return self.inner.attention(layer, seq_ids, q, scale, window, softcap, attend, image_spans=image_spans)
 
 
 class SoftmaxWithoutMax(LlamaFamilyModel):
@@ -284,11 +287,11 @@ class RopeOnNopeLayers(LlamaFamilyModel):
 class PreNormNotPostNorm(LlamaFamilyModel):
     """OLMo 2's norms applied to the sublayers' inputs (Llama's placement) instead of their outputs."""
 
-    def decoder_layer(self, layer_index, w, x, positions, cache, seq_ids):
+    def decoder_layer(self, layer_index, w, x, positions, cache, seq_ids, image_spans=None):
         if not self.config.post_norms:
-            return super().decoder_layer(layer_index, w, x, positions, cache, seq_ids)
+            return super().decoder_layer(layer_index, w, x, positions, cache, seq_ids, image_spans=image_spans)
         normed = self._norm(x, w.post_attention_layernorm)
-        x = x + self.self_attention(layer_index, w, normed, positions, cache, seq_ids)
+        x = x + self.self_attention(layer_index, w, normed, positions, cache, seq_ids, image_spans=image_spans)
         return x + self.mlp(w, self._norm(x, w.post_feedforward_layernorm))
 
 
@@ -349,12 +352,12 @@ class _RopeKeyUnrotated(_CacheProxy):
 class LatentRopeKeyCachedBeforeRope(LlamaFamilyModel):
     """Latent attention caches its shared RoPE key before rotating it (queries are rotated)."""
 
-    def self_attention(self, layer_index, w, x, positions, cache, seq_ids):
+    def self_attention(self, layer_index, w, x, positions, cache, seq_ids, image_spans=None):
         if w.latent is not None:
             rank = self.config.latent_attention.kv_lora_rank
             compressed = self.ops.linear(x, w.latent.kv_a_proj_with_mqa, w.latent.kv_a_proj_with_mqa_bias)
             cache = _RopeKeyUnrotated(cache, compressed[:, :, None, rank:], rank)
-        return super().self_attention(layer_index, w, x, positions, cache, seq_ids)
+        return super().self_attention(layer_index, w, x, positions, cache, seq_ids, image_spans=image_spans)
 
 
 def _bias_in_weights(router_logits, correction_bias, top_k, num_groups, groups_per_token, norm, scaling):

@@ -14,6 +14,7 @@ from refllm.architectures.mixtral import read_mixtral
 from refllm.architectures.olmo2 import read_olmo2
 from refllm.architectures.qwen3_moe import read_qwen3_moe
 from refllm.architectures.smollm3 import read_smollm3
+from refllm.architectures.vision import read_idefics3
 
 READERS = {  # config.json's model_type -> its reader
     "llama": read_llama,
@@ -30,5 +31,6 @@ READERS = {  # config.json's model_type -> its reader
     "qwen3_moe": read_qwen3_moe,
     "gpt_oss": read_gpt_oss,
     "deepseek_v3": read_deepseek_v3,
+    "idefics3": read_idefics3,  # SmolVLM: its text model here, its vision half in vision.py
 }
 SUPPORTED_ARCHITECTURES = tuple(READERS)

@@ -38,7 +38,13 @@ class AnswerStats:
 
 
 def stream_answer(
-    engine: Engine, prompt_ids: list[int], params: SamplingParams, *, echo: str = "", ctrl_c_stops: bool = False
+    engine: Engine,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    *,
+    echo: str = "",
+    ctrl_c_stops: bool = False,
+    images=(),
 ) -> tuple[str, AnswerStats]:
     """Write the answer to stdout as it comes -> (the text shown, its stats).
 
@@ -46,9 +52,10 @@ def stream_answer(
     a prompt too long for the context is refused before anything is shown, and a long prompt's progress
     bar has its own line.
     ``ctrl_c_stops``: Ctrl-C ends this answer cleanly (between engine steps) instead of raising.
+    ``images``: the prompt's pixel batches, for a vision-language model.
     """
     start = time.perf_counter()
-    handle = engine.submit(prompt_ids, params)
+    handle = engine.submit(prompt_ids, params, images)
     parts, tokens, first, last, reason = [], [], start, start, "cancelled"
     with _ctrl_c_sets_flag() if ctrl_c_stops else contextlib.nullcontext(threading.Event()) as interrupted:
         for delta in handle:

@@ -58,6 +58,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         ),
         "parameters": f"{c.num_parameters:,} ({c.num_parameters / 1e6:.1f} M)",
         **({} if c.experts is None else {"experts": _experts(c)}),
+        **({} if getattr(source, "multimodal", None) is None else {"vision": _vision(source.multimodal)}),
         "vocabulary": f"{c.vocab_size:,} tokens",
         "context": f"{c.context_length:,} tokens",
         "file": file,
@@ -71,6 +72,17 @@ def cmd_info(args: argparse.Namespace) -> int:
     for key, value in rows.items():
         print(f"{key:<{width}}  {value}")
     return 0
+
+
+def _vision(m) -> str:
+    """A vision-language model's row: the tower, how patches become image tokens, and its parameters."""
+    v = m.vision
+    merge = f"pixel-shuffled by {m.scale}" if m.model_type == "idefics3" else f"pooled by {m.scale}"
+    return (
+        f"{m.model_type}: SigLIP of {v.num_hidden_layers} layers, width {v.hidden_size}, {v.grid_side}x{v.grid_side}"
+        f" patches of {v.patch_size} px; {m.tokens_per_image} image tokens per tile ({merge});"
+        f" {m.num_parameters:,} parameters"
+    )
 
 
 def _attention(c) -> str:

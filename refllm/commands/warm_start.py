@@ -20,6 +20,7 @@ the run compiles in the foreground as before, with its notice
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import fcntl
 import hashlib
@@ -37,6 +38,7 @@ from numba.core import event
 from refllm import catalog
 from refllm.kv import CacheConfig
 from refllm.memory import available_memory
+from refllm.models.ops import SPEC_OPS
 from refllm.models.weights import weight_leaves
 from refllm.quant.linear import QuantizedTensor
 from refllm.runtime.llm import LLM
@@ -123,7 +125,9 @@ def wait_for_compiling() -> None:
 
 def spec_twin(model: Any) -> Any:
     """The model on the spec ops, its quantized matrices dequantized (the arrays it already has are shared)."""
-    return type(model)(model.config, _dequantized(model.weights), model.tokenizer, model.dtype.name, reference=True)
+    twin = copy.copy(model)  # the same config, tokenizer (and a vision model's tower): other weights and ops
+    twin.weights, twin.ops = _dequantized(model.weights), SPEC_OPS
+    return twin
 
 
 def spec_twin_fits(model: Any) -> bool:

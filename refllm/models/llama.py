@@ -34,6 +34,7 @@ from refllm.models.deepseek import grouped_experts_mlp, latent_self_attention
 from refllm.models.moe_layer import mixture_of_experts
 from refllm.models.ops import SPEC_OPS, OpSet, fast_ops
 from refllm.models.weights import LayerWeights, ModelWeights, assemble, weight_leaves
+from refllm.nn.attention import ImageSpans
 from refllm.nn.attention import attention as spec_attention
 from refllm.nn.moe_grouped import grouped_topk_routing
 from refllm.nn.residual import residual_block
@@ -41,6 +42,7 @@ from refllm.nn.rope import RopeTable
 from refllm.nn.softcap import soft_cap
 
 DTYPES = ("float32", "float64")
+Spans = Sequence[ImageSpans] | None  # per row, (start, end) runs of image tokens that see each other
 
 
 class ModelDtypeError(InvalidInputError):
@@ -117,9 +119,10 @@ class LlamaFamilyModel:
             raise InvalidInputError(f"{self.config.model_type} is a text-only model; got {len(images)} image(s)")
         return self.embed(tokens)
 
-    def prefill(self, x: np.ndarray, cache: KVCache, pos: range) -> np.ndarray:
-        """-> logits of the last position, [B, V]."""
-        hidden = self._forward_positions(x, cache, pos)
+    def prefill(self, x: np.ndarray, cache: KVCache, pos: range, image_spans: Spans = None) -> np.ndarray:
+        """-> logits of the last position, [B, V]. image_spans: per row, runs of image tokens that see each
+        other (a vision-language model's; ``KVCache.attention``)."""
+        hidden = self._forward_positions(x, cache, pos, image_spans)
         return self.logits(hidden[:, -1])
 
     def decode(self, x: np.ndarray, cache: KVCache) -> np.ndarray:
@@ -129,20 +132,22 @@ class LlamaFamilyModel:
             raise InvalidInputError(f"decode takes one position per sequence; x has {x.shape[1]}")
         return self.prefill(x, cache, self._next_positions(cache, x))
 
-    def prefill_all_logits(self, x: np.ndarray, cache: KVCache, pos: range) -> np.ndarray:
+    def prefill_all_logits(self, x: np.ndarray, cache: KVCache, pos: range, image_spans: Spans = None) -> np.ndarray:
         """-> [B, T, V]."""
-        return self.logits(self._forward_positions(x, cache, pos))
+        return self.logits(self._forward_positions(x, cache, pos, image_spans))
 
     def decode_all_logits(self, x: np.ndarray, cache: KVCache) -> np.ndarray:
         """x: n new positions per sequence -> [B, n, V]."""
         x = self._check_x(x)
         return self.prefill_all_logits(x, cache, self._next_positions(cache, x))
 
-    def prefill_hidden(self, x: np.ndarray, cache: KVCache, pos: range) -> np.ndarray:
+    def prefill_hidden(self, x: np.ndarray, cache: KVCache, pos: range, image_spans: Spans = None) -> np.ndarray:
         """-> final hidden states, [B, T, D]."""
-        return self._forward_positions(x, cache, pos)
+        return self._forward_positions(x, cache, pos, image_spans)
 
-    def forward_step(self, x: np.ndarray, cache: KVCache, seq_ids: Sequence[int]) -> np.ndarray:
+    def forward_step(
+        self, x: np.ndarray, cache: KVCache, seq_ids: Sequence[int], image_spans: Spans = None
+    ) -> np.ndarray:
         """The ragged step: x [B, T, D] embeddings, row b continuing sequence seq_ids[b] of ``cache`` at
         its own length (a new id starts empty) -> final hidden states [B, T, D]."""
         x = self._check_x(x)
@@ -158,20 +163,20 @@ class LlamaFamilyModel:
                     f"sequence {seq_id} would reach {end} positions,"
                     f" past the context length {self.config.context_length}"
                 )
-        return self._forward(x, cache, seq_ids)
+        return self._forward(x, cache, seq_ids, image_spans)
 
-    def _forward_positions(self, x: np.ndarray, cache: KVCache, pos: range) -> np.ndarray:
+    def _forward_positions(self, x: np.ndarray, cache: KVCache, pos: range, image_spans: Spans = None) -> np.ndarray:
         """The contract's positional form: rows 0 .. B-1 of the cache at positions ``pos`` -> hidden [B, T, D]."""
         x = self._check_x(x)
         seq_ids = list(range(x.shape[0]))
         self._check_positions(cache, seq_ids, x.shape[1], pos)
         if np.issubdtype(x.dtype, np.integer):
             x = self.ops.embed(x, self.weights.embed_tokens, self.config.embedding_scale)
-        return self._forward(x, cache, seq_ids)
+        return self._forward(x, cache, seq_ids, image_spans)
 
     # ---- the forward pass: no checks below this line -----------------------------------------
 
-    def _forward(self, x: np.ndarray, cache: KVCache, seq_ids: list[int]) -> np.ndarray:
+    def _forward(self, x: np.ndarray, cache: KVCache, seq_ids: list[int], image_spans: Spans = None) -> np.ndarray:
         """x: [B, T, D] embeddings of row b at positions cache.length(b) .. + T -> final hidden [B, T, D]."""
         num_new = x.shape[1]
         starts = np.array([cache.length(s) if s in cache else 0 for s in seq_ids])
@@ -179,12 +184,13 @@ class LlamaFamilyModel:
         cache.reserve(seq_ids, num_new)
         with self.ops.running():
             for layer_index, layer_weights in enumerate(self.weights.layers):
-                x = self.decoder_layer(layer_index, layer_weights, x, positions, cache, seq_ids)
+                x = self.decoder_layer(layer_index, layer_weights, x, positions, cache, seq_ids, image_spans=image_spans)
             cache.commit(seq_ids, num_new)
             return self._norm(x, self.weights.norm)
 
     def decoder_layer(
-        self, layer_index: int, w: LayerWeights, x: np.ndarray, positions: np.ndarray, cache: KVCache, seq_ids: list
+        self, layer_index: int, w: LayerWeights, x: np.ndarray, positions: np.ndarray, cache: KVCache, seq_ids: list,
+        image_spans: Spans = None,
     ) -> np.ndarray:
         """x: [B, T, D] -> [B, T, D]: attention, then the MLP, each a residual block whose norms sit
         before (Llama), around (Gemma's sandwich) or after (OLMo 2) it (``refllm/nn/residual.py``)."""
@@ -194,7 +200,7 @@ class LlamaFamilyModel:
             return None if weight is None else (lambda h: self._norm(h, weight))
 
         def attend(h: np.ndarray) -> np.ndarray:
-            return self.self_attention(layer_index, w, h, positions, cache, seq_ids)
+            return self.self_attention(layer_index, w, h, positions, cache, seq_ids, image_spans=image_spans)
 
         # Llama's post_attention_layernorm is its pre-MLP norm; Gemma and OLMo 2 apply it to attention's output.
         norm_after_attention = w.post_attention_layernorm if c.sandwich_norms or c.post_norms else None
@@ -217,7 +223,8 @@ class LlamaFamilyModel:
         return ops.linear(ops.gated(gate, up, self.config.hidden_act), w.down_proj, w.down_proj_bias)
 
     def self_attention(
-        self, layer_index: int, w: LayerWeights, x: np.ndarray, positions: np.ndarray, cache: KVCache, seq_ids: list
+        self, layer_index: int, w: LayerWeights, x: np.ndarray, positions: np.ndarray, cache: KVCache, seq_ids: list,
+        image_spans: Spans = None,
     ) -> np.ndarray:
         """x: [B, T, D] (normed, unless post-norms) -> attention output projected back to [B, T, D]."""
         c, ops = self.config, self.ops
@@ -242,7 +249,7 @@ class LlamaFamilyModel:
         if w.sinks is not None:  # the caches' own kernels have no sinks: the spec attention over the gathered keys
             attend = functools.partial(attend or spec_attention, sinks=w.sinks)
         out = cache.attention(
-            layer_index, seq_ids, q, c.attention_scale, window, c.attn_logit_softcapping, attend
+            layer_index, seq_ids, q, c.attention_scale, window, c.attn_logit_softcapping, attend, image_spans=image_spans
         )  # [B, T, H, E]
         return ops.linear(out.reshape(B, T, -1), w.o_proj, w.o_proj_bias)
 

@@ -54,7 +54,10 @@ async def inside_view(server: Any, body: dict[str, Any]) -> dict[str, Any]:
     model = getattr(server.model, "current", server.model)  # a first run's model may still be on the spec ops
     if model is None:
         raise RequestError("this server has no model to look inside", param="model")
-    prompt = await server.inputs.chat_prompt(protocol.messages(body))
+    messages, image_urls = protocol.messages(body)
+    if image_urls:
+        raise RequestError("the inside view traces conversations of text; this one holds images", param=image_urls[0][1])
+    prompt, _ = await server.inputs.chat_prompt(messages)
     answer = server.tokenizer.encode(protocol.string(body, "answer"), add_special_tokens=False)
     if not answer:
         raise RequestError("the answer has no tokens to look inside", param="answer")

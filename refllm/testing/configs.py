@@ -12,7 +12,8 @@ from typing import Any
 from refllm.config import SUPPORTED_ARCHITECTURES
 from refllm.errors import InvalidInputError
 
-ARCHITECTURES = tuple(a for a in SUPPORTED_ARCHITECTURES if a != "gemma3")  # gemma3 wraps gemma3_text
+# gemma3 wraps gemma3_text and idefics3 a llama: their images are refllm/testing/vision.py's
+ARCHITECTURES = tuple(a for a in SUPPORTED_ARCHITECTURES if a not in ("gemma3", "idefics3"))
 
 
 class UnknownArchitectureError(InvalidInputError):
