@@ -108,7 +108,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     chats = catalog.CATALOG[args.model].chat if args.model in catalog.CATALOG else None
     if chats is None:
         chats = common.open_checked(args.model).tokenizer.chat_template is not None
-    args.chat, args.stop, args.prompt_flag = chats, [], None
+    args.chat, args.stop, args.prompt_flag, args.image = chats, [], None, []
     return cmd_generate(args)
 
 
