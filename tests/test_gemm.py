@@ -35,6 +35,7 @@ def fresh_choices(tmp_path, monkeypatch):
     """No kernel choice known yet, and a home of its own to keep them in."""
     monkeypatch.setenv("REFLLM_HOME", str(tmp_path))
     monkeypatch.setattr(gemm, "_choices", None)
+    monkeypatch.setattr(gemm, "PERSIST_MIN_MACS", 0)  # the tests' small shapes are kept on disk too
     return tmp_path
 
 
@@ -89,6 +90,14 @@ def test_the_faster_kernel_is_measured_once_and_kept_on_disk(fresh_choices, monk
     calls.clear()
     gemm.prompt_matmul(x[:GEMM_TOKENS], weights, tile)  # the same bucket of tokens
     assert calls == [faster]
+
+
+def test_a_small_products_choice_stays_in_memory(fresh_choices, monkeypatch):
+    monkeypatch.setattr(gemm, "PERSIST_MIN_MACS", 10**9)
+    weights, x = np.ones((3, 32), np.float32), np.ones((GEMM_TOKENS, 32), np.float32)
+    gemm.prompt_matmul(x, weights, dense_matmul)
+    assert gemm._shape_key(x, weights) in gemm._known_choices()
+    assert not (fresh_choices / gemm.CHOICES_FILE).exists()
 
 
 def test_an_unreadable_choices_file_means_measuring_again(fresh_choices):

@@ -16,7 +16,8 @@ So no constant decides. The first time a shape (rows, columns, a power-of-two
 bucket of the tokens, the pass's thread count) meets this process, both run it on
 its own operands, in the forward pass where it will run (so that Numba's spinning
 workers and BLAS's meet as they will), ``MEASURE_ROUNDS`` times each in turns,
-and the faster is kept: in memory, and on disk in ``$REFLLM_HOME/kernel_choices.json``
+and the faster is kept: in memory, and, for products of PERSIST_MIN_MACS multiply-adds or
+more (a real model's, not a test's toy shapes), on disk in ``$REFLLM_HOME/kernel_choices.json``
 under this machine's key (``refllm.machine.machine_key``), so later processes on the
 same machine skip the measurement. The result of the call is the chosen kernel's.
 
@@ -47,6 +48,7 @@ from refllm.machine import machine_key, refllm_home
 
 GEMM_TOKENS = 16  # tokens from which a product is arithmetic-bound: a prompt chunk, not a decode batch
 MEASURE_ROUNDS = 3
+PERSIST_MIN_MACS = 1 << 22
 CHOICES_FILE = "kernel_choices.json"
 TILE, BLAS = "tile", "blas"
 
@@ -84,7 +86,8 @@ def _measure(x: np.ndarray, weights: np.ndarray, tile, key: str) -> np.ndarray:
             best[name] = min(best[name], time.perf_counter() - start)
     chosen = min(best, key=best.get)
     _known_choices()[key] = chosen
-    _save_choices()
+    if x.shape[0] * weights.shape[0] * weights.shape[1] >= PERSIST_MIN_MACS:
+        _save_choices()
     return results[chosen]
 
 
