@@ -64,6 +64,7 @@ def layers(draw: st.DrawFn) -> dict:
         "int8": weight_format in INT8_FORMATS and draw(st.booleans()),  # int8 activations
         "rotary": draw(st.sampled_from([0, head_dim // 2, head_dim])),  # 0: a NoPE layer
         "norms": draw(st.sampled_from(sorted(NORM_PLACES))),
+        "residual_scale": draw(st.sampled_from([None, None, 0.22])),  # Granite multiplies a sublayer's output
         "biases": draw(st.booleans()),
         "qk_norm": draw(st.sampled_from(["none", "head", "whole"])),
         "window": draw(st.sampled_from([0, 0, 3, 17])),
@@ -169,10 +170,16 @@ def layer_op_by_op(ops, case: dict, w: dict, arena: PagedKVArena, x: np.ndarray)
         activated = ops.gated(gate, up, "gelu_pytorch_tanh" if case["gelu"] else "silu")
         return ops.linear(activated, w["down"], w["down_bias"])
 
+    def residual(x, sublayer, before, after):  # refllm.nn.residual.residual_block, and a residual scale
+        if case["residual_scale"] is None:
+            return residual_block(x, sublayer, before, after)
+        h = sublayer(x if before is None else before(x))
+        return x + (h if after is None else after(h)) * case["residual_scale"]
+
     arena.reserve(seq_ids, T)
     with ops.running():
-        x = residual_block(x, attend, norm(w["before_attention"]), norm(w["after_attention"]))
-        x = residual_block(x, mlp, norm(w["before_mlp"]), norm(w["after_mlp"]))
+        x = residual(x, attend, norm(w["before_attention"]), norm(w["after_attention"]))
+        x = residual(x, mlp, norm(w["before_mlp"]), norm(w["after_mlp"]))
     arena.commit(seq_ids, T)
     return x
 
@@ -206,6 +213,7 @@ def layer_compiled(case: dict, w: dict, arena: PagedKVArena, x: np.ndarray) -> n
         array(w["q_norm"]), array(w["k_norm"]), cos, sin, arena.k[0], arena.v[0], tables, lengths,
         slots.astype(np.int64), case["heads"], case["head_dim"] ** -0.5, case["window"], case["softcap"],
         1e-6, 0.0, case["gelu"], case["int8"], PARALLEL_MIN_WEIGHTS,
+        1.0 if case["residual_scale"] is None else case["residual_scale"],
     )  # fmt: skip
     arena.commit(seq_ids, T)
     return out.reshape(B, T, D)
@@ -243,8 +251,9 @@ def test_the_compiled_layer_is_the_fast_ops_bit_for_bit_and_the_spec_within_roun
 
 def test_the_bound_catches_a_dropped_bias():
     case = {"kv_heads": 2, "heads": 4, "head_dim": 16, "hidden": 64, "intermediate": 96, "format": "Q8_0",
-            "int8": False, "rotary": 16, "norms": "pre", "biases": True, "qk_norm": "head", "window": 0, "softcap": 0.0,
-            "gelu": False, "block_size": 16, "prefixes": [20, 70], "new_tokens": 1, "seed": 5}  # fmt: skip
+            "int8": False, "rotary": 16, "norms": "pre", "residual_scale": None, "biases": True, "qk_norm": "head",
+            "window": 0, "softcap": 0.0, "gelu": False, "block_size": 16, "prefixes": [20, 70], "new_tokens": 1,
+            "seed": 5}  # fmt: skip
     weights = draw_weights(case)
     weights["held"]["k_bias"] = None
     runs = run_all(case, weights)
@@ -257,8 +266,9 @@ def test_float32_and_quantized_weights_mix_in_one_layer(new_tokens):
     """A file may keep some matrices of a layer in F32 beside quantized ones: each projection
     takes the kernel of its own type."""
     case = {"kv_heads": 1, "heads": 2, "head_dim": 32, "hidden": 64, "intermediate": 64, "format": "Q4_1",
-            "int8": False, "rotary": 32, "norms": "pre", "biases": False, "qk_norm": "none", "window": 0,
-            "softcap": 0.0, "gelu": False, "block_size": 16, "prefixes": [5], "new_tokens": new_tokens, "seed": 9}  # fmt: skip
+            "int8": False, "rotary": 32, "norms": "pre", "residual_scale": None, "biases": False, "qk_norm": "none",
+            "window": 0, "softcap": 0.0, "gelu": False, "block_size": 16, "prefixes": [5], "new_tokens": new_tokens,
+            "seed": 9}  # fmt: skip
     weights = draw_weights(case)
     weights["held"]["v"], weights["held"]["down"] = weights["float32"]["v"], weights["float32"]["down"]
     runs = run_all(case, weights)

@@ -29,6 +29,8 @@ The interface is arrays only, so that any model whose layer has this shape can c
     key_cache, value_cache  [blocks, Z, K, E] float32, this layer's part of the arena
     block_tables     [B, max blocks] int32; lengths [B] int64 (committed tokens); slots [B, T] int64
     scale, window, softcap  as the attention kernels take them (0: no window, no soft-cap)
+    residual_scale   what each sublayer's output is multiplied by before its residual add (Granite's;
+                     1.0 for the others)
 
 -> the new residual stream [N, D]. The cache's keys and values of the N tokens are written.
 """
@@ -163,11 +165,12 @@ def _head_norm(x: np.ndarray, weight: np.ndarray, heads: int, eps: np.float32, o
 
 
 @njit(cache=True)
-def _residual_add(x: np.ndarray, h: np.ndarray) -> np.ndarray:
+def _residual_add(x: np.ndarray, h: np.ndarray, scale: np.float32) -> np.ndarray:
+    """x + h * scale (a scale of 1 changes nothing: h * 1 is h, bit for bit)."""
     out = np.empty_like(x)
     for n in range(x.shape[0]):
         for d in range(x.shape[1]):
-            out[n, d] = x[n, d] + h[n, d]
+            out[n, d] = x[n, d] + h[n, d] * scale
     return out
 
 
@@ -211,19 +214,19 @@ def _mlp_block(h, projections, codes, biases, gelu, int8, parallel_min):
 @njit(cache=True)
 def decoder_layer(
     x, norms, projections, codes, biases, q_norm, k_norm, cos, sin, key_cache, value_cache, block_tables, lengths,
-    slots, num_heads, scale, window, softcap, eps, offset, gelu, int8, parallel_min,
+    slots, num_heads, scale, window, softcap, eps, offset, gelu, int8, parallel_min, residual_scale=1.0,
 ):  # fmt: skip
     """One dense decoder layer (the module's docstring has the arrays) -> the new residual stream [N, D].
 
-    x + norm_after(attention(norm_before(x))), then the same around the gated MLP: each norm
-    skipped where its weight is empty (``refllm.nn.residual.residual_block``)."""
-    eps, offset = np.float32(eps), np.float32(offset)
+    x + residual_scale * norm_after(attention(norm_before(x))), then the same around the gated MLP:
+    each norm skipped where its weight is empty (``refllm.nn.residual.residual_block``)."""
+    eps, offset, residual_scale = np.float32(eps), np.float32(offset), np.float32(residual_scale)
     h = _norm(x, norms[BEFORE_ATTENTION], eps, offset)
     attended = _attention_block(
         h, projections, codes, biases, q_norm, k_norm, cos, sin, key_cache, value_cache, block_tables, lengths,
         slots, num_heads, scale, window, softcap, eps, offset, int8, parallel_min,
     )  # fmt: skip
-    x = _residual_add(x, _norm(attended, norms[AFTER_ATTENTION], eps, offset))
+    x = _residual_add(x, _norm(attended, norms[AFTER_ATTENTION], eps, offset), residual_scale)
     h = _norm(x, norms[BEFORE_MLP], eps, offset)
     mlp = _mlp_block(h, projections, codes, biases, gelu, int8, parallel_min)
-    return _residual_add(x, _norm(mlp, norms[AFTER_MLP], eps, offset))
+    return _residual_add(x, _norm(mlp, norms[AFTER_MLP], eps, offset), residual_scale)
