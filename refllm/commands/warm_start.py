@@ -60,10 +60,16 @@ class _CompileStarted(Exception):
 
 
 class _Forbid(event.Listener):
+    """Numba's listeners are global: this one trips only on compilations of the thread that installed it,
+    so a watcher thread never fails another thread's compilation."""
+
     def __init__(self):
         self.tripped = False
+        self.thread = threading.get_ident()
 
     def on_start(self, ev: event.Event) -> None:
+        if threading.get_ident() != self.thread:
+            return
         self.tripped = True
         raise _CompileStarted()
 
