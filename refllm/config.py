@@ -6,7 +6,7 @@ below; the forward pass in ``refllm/models/llama.py`` reads them, it never asks 
 architecture it is running.
 
 ``ModelConfig.from_hf(config_json)`` reads a Hugging Face ``config.json`` through
-the reader of its family (``refllm/architectures/``), in both spellings found in
+the reader of its family (``refllm/families/``), in both spellings found in
 the wild: the long-standing keys (``rope_theta``, ``rope_scaling``,
 ``rope_local_base_freq``, ``sliding_window_pattern``) and the transformers 5 keys
 (``rope_parameters``, per layer type for Gemma 3, and ``layer_types``). Unknown
@@ -18,20 +18,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from refllm.architectures import READERS, SUPPORTED_ARCHITECTURES
-from refllm.architectures.deepseek import GroupedExperts, LatentAttention
-from refllm.architectures.keys import HFKeys
 from refllm.config_checks import check_fields
 from refllm.errors import ConfigError
+from refllm.families import MODEL_TYPES
+from refllm.families.deepseek import GroupedExperts, LatentAttention
+from refllm.families.keys import HFKeys
 from refllm.moe_parameters import MoeParameters
 from refllm.rope_parameters import FULL_ATTENTION, ROPE_TYPES, SLIDING_ATTENTION, RopeParameters
 
 __all__ = [
-    "ACTIVATIONS", "FULL_ATTENTION", "ROPE_TYPES", "SLIDING_ATTENTION", "SUPPORTED_ARCHITECTURES",
+    "ACTIVATIONS", "FULL_ATTENTION", "ROPE_TYPES", "SLIDING_ATTENTION", "SUPPORTED_MODEL_TYPES",
     "ConfigError", "ModelConfig", "RopeParameters", "UnsupportedArchitectureError",
 ]
 
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
+SUPPORTED_MODEL_TYPES = tuple(MODEL_TYPES)  # config.json's model_type (GGUF architectures: refllm/io/gguf.py)
 
 
 class UnsupportedArchitectureError(ConfigError):
@@ -182,12 +183,12 @@ class ModelConfig:
         if not isinstance(config, dict):
             raise ConfigError(f"config.json must hold a JSON object; got {type(config).__name__}")
         model_type = config.get("model_type")
-        if model_type not in SUPPORTED_ARCHITECTURES:
+        if model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedArchitectureError(
-                f"unsupported model_type {model_type!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+                f"unsupported model_type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
         try:
-            return cls(**READERS[model_type](HFKeys(config)))
+            return cls(**MODEL_TYPES[model_type].read(HFKeys(config)))
         except ConfigError:
             raise
         except (TypeError, ValueError, AttributeError, OverflowError, ZeroDivisionError) as error:

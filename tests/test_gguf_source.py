@@ -28,7 +28,7 @@ from refllm.io.gguf import (
     permute,
     reverse_permute,
 )
-from refllm.io.gguf_families import GEMMA3_LOCAL_ROPE_THETA
+from refllm.families.gemma import GEMMA3_LOCAL_ROPE_THETA
 from refllm.io.safetensors import HFDirectorySource
 from refllm.loading import ModelNotFoundError
 from refllm.quant.linear import QuantizedTensor

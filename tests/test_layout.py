@@ -19,7 +19,7 @@ MAX_LINES = 400
 # Bottom to top. A module's layer is that of the longest prefix of its dotted name listed here.
 LAYERS = [
     ("refllm.errors", "refllm.config", "refllm.config_checks", "refllm.rope_parameters", "refllm.moe_parameters",
-     "refllm.architectures", "refllm.progress"),
+     "refllm.families", "refllm.progress"),
     ("refllm.nn",),
     ("refllm.kernels", "refllm.machine"),
     ("refllm.quant",),

@@ -1,17 +1,18 @@
-"""Qwen3-MoE: config.json to ``ModelConfig`` fields (Qwen3's attention, sparse and dense MLPs mixed)."""
+"""Qwen3-MoE: config.json to ``ModelConfig`` fields, and llama.cpp's qwen3moe files.
+
+Qwen3's attention (``refllm/families/qwen.py``), sparse and dense MLPs mixed: a
+layer runs a mixture of experts unless ``mlp_only_layers`` lists it (or
+``decoder_sparse_step`` skips it). llama.cpp stores it as Hugging Face has it.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from refllm.architectures.keys import (
-    HFKeys,
-    common_fields,
-    expert_count,
-    rope_for_types,
-    single_rope,
-)
 from refllm.errors import ConfigError
+from refllm.families.experts import gguf_moe_keys, routed_layers
+from refllm.families.family import Architecture, GgufArchitecture, GgufFacts
+from refllm.families.keys import HFKeys, common_fields, expert_count, rope_for_types, single_rope
 from refllm.moe_parameters import SOFTMAX_THEN_TOPK, MoeParameters
 from refllm.rope_parameters import FULL_ATTENTION, SLIDING_ATTENTION
 
@@ -43,3 +44,29 @@ def read_qwen3_moe(keys: HFKeys) -> dict[str, Any]:
             decoder_sparse_step=keys.size("decoder_sparse_step", 1),
         ),
     )
+
+
+def qwen3moe_file(facts: GgufFacts) -> dict[str, Any]:
+    keys = gguf_moe_keys(facts, "qwen3_moe")
+    if not keys:
+        return {"model_type": "qwen3_moe"}
+    arch, routed = facts.architecture, routed_layers(facts)
+    return keys | dict(
+        moe_intermediate_size=facts.size(f"{arch}.expert_feed_forward_length"),
+        # llama.cpp's qwen3moe graph renormalises unless the file says otherwise
+        norm_topk_prob=bool(facts.value(f"{arch}.expert_weights_norm", True)),
+        mlp_only_layers=[layer for layer in range(facts.layers) if layer not in routed],
+    )
+
+
+ARCHITECTURES = (
+    Architecture(
+        "qwen3_moe",
+        read_qwen3_moe,
+        "Qwen3MoeForCausalLM",
+        tiny_config=dict(
+            head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, mlp_only_layers=[1]
+        ),
+    ),
+)
+GGUF = (GgufArchitecture("qwen3moe", qwen3moe_file),)

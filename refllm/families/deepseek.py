@@ -12,9 +12,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from refllm.architectures.keys import HFKeys, common_fields, single_rope
 from refllm.config_checks import MAX_LAYERS, check_number, check_size
 from refllm.errors import ConfigError
+from refllm.families.family import Architecture
+from refllm.families.keys import HFKeys, common_fields, single_rope
 from refllm.rope_parameters import FULL_ATTENTION, RopeParameters
 
 
@@ -169,3 +170,23 @@ def read_deepseek_v3(keys: HFKeys) -> dict[str, Any]:
         grouped_experts=experts,
         unused_layers=_count(keys, "num_nextn_predict_layers"),
     )
+
+
+# Latent attention and grouped experts, tiny; transformers' latent attention needs K = H.
+TINY = dict(
+    num_key_value_heads=4,
+    q_lora_rank=12,
+    kv_lora_rank=8,
+    qk_nope_head_dim=4,
+    qk_rope_head_dim=4,
+    v_head_dim=6,
+    moe_intermediate_size=16,
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    n_group=4,
+    topk_group=2,
+    n_shared_experts=1,
+    routed_scaling_factor=2.5,
+    first_k_dense_replace=1,
+)
+ARCHITECTURES = (Architecture("deepseek_v3", read_deepseek_v3, "DeepseekV3ForCausalLM", tiny_config=TINY),)

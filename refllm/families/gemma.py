@@ -1,13 +1,26 @@
-"""Gemma 2 and Gemma 3: config.json to ``ModelConfig`` fields."""
+"""Gemma 2 and Gemma 3: config.json to ``ModelConfig`` fields, and llama.cpp's gemma2/gemma3 files.
+
+Both scale embeddings by sqrt(D), store RMSNorm weights as w - 1 and apply (1 + w),
+wrap attention and the MLP in sandwich norms (one before, one after each), and
+alternate sliding-window and global layers. Gemma 2 soft-caps attention scores
+and logits; Gemma 3 replaced the attention cap with a per-head q/k norm and gives
+its sliding layers a RoPE base of their own.
+
+GGUF files of either family leave out the layer pattern, the query scale and (Gemma
+3) the local RoPE base: llama.cpp fixes them in code (``src/llama-model.cpp``), from
+google/gemma_pytorch's ``gemma/config.py``, and so does refllm. Their converter adds
+1 to every norm weight so llama.cpp can multiply by w.
+"""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from refllm.architectures.keys import HFKeys, common_fields, rope_for_types, single_rope
 from refllm.config_checks import check_number
 from refllm.errors import ConfigError
+from refllm.families.family import Architecture, GgufArchitecture, GgufFacts
+from refllm.families.keys import HFKeys, common_fields, rope_for_types, single_rope
 from refllm.rope_parameters import FULL_ATTENTION, SLIDING_ATTENTION, RopeParameters
 
 GEMMA3_GLOBAL_ROPE_THETA = 1_000_000.0
@@ -18,6 +31,9 @@ GEMMA2_SLIDING_WINDOW_PATTERN = 2  # every other layer is global, the first one 
 GEMMA2_ATTN_LOGIT_SOFTCAPPING = 50.0
 GEMMA2_FINAL_LOGIT_SOFTCAPPING = 30.0
 GEMMA_QUERY_PRE_ATTN_SCALAR = 256
+# The 27B models scale queries by (D / H)^-0.5, the others by E^-0.5 (GGUF files carry neither).
+GEMMA3_27B_LAYERS = 62
+GEMMA2_27B_LAYERS = 46
 
 
 def _gemma_fields(keys: HFKeys) -> dict[str, Any]:
@@ -104,3 +120,76 @@ def read_gemma3(keys: HFKeys) -> dict[str, Any]:
     if not isinstance(text_config, dict):
         raise ConfigError(f"config.json's text_config must be an object; got {text_config!r:.60}")
     return read_gemma3_text(HFKeys(text_config | {"model_type": "gemma3_text"}))
+
+
+# ---- GGUF files ----------------------------------------------------------------------------------------
+
+
+def _gguf_layer_types(facts: GgufFacts, pattern: int) -> list[str]:
+    """Every ``pattern``-th layer global, the others sliding; all global when the file has no window."""
+    if facts.window is None:  # newer converters omit the window of a model without one
+        return [FULL_ATTENTION] * facts.layers
+    return [FULL_ATTENTION if (i + 1) % pattern == 0 else SLIDING_ATTENTION for i in range(facts.layers)]
+
+
+def _gemma_file(facts: GgufFacts, pattern: int, layers_27b: int) -> dict[str, Any]:
+    config: dict[str, Any] = dict(
+        layer_types=_gguf_layer_types(facts, pattern),
+        query_pre_attn_scalar=facts.hidden_size // facts.num_heads if facts.layers == layers_27b else facts.head_dim,
+        hidden_activation="gelu_pytorch_tanh",
+    )
+    if facts.window is not None:
+        config["sliding_window"] = facts.window
+    for cap in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if facts.value(f"{facts.architecture}.{cap}"):
+            config[cap] = facts.number(f"{facts.architecture}.{cap}")
+    return config
+
+
+def gemma3_file(facts: GgufFacts) -> dict[str, Any]:
+    """Gemma 3 files carry no layer pattern, local RoPE base or query scale (and no attention soft-cap)."""
+    config = _gemma_file(facts, GEMMA3_SLIDING_WINDOW_PATTERN, GEMMA3_27B_LAYERS)
+    config.pop("attn_logit_softcapping", None)
+    return config | {"model_type": "gemma3_text", "rope_local_base_freq": GEMMA3_LOCAL_ROPE_THETA}
+
+
+def gemma2_file(facts: GgufFacts) -> dict[str, Any]:
+    """Gemma 2 files carry no layer pattern or query scale; both soft-caps are keys of their own
+    (llama.cpp takes 50 and 30 where they are missing, as transformers does)."""
+    return _gemma_file(facts, GEMMA2_SLIDING_WINDOW_PATTERN, GEMMA2_27B_LAYERS) | {"model_type": "gemma2"}
+
+
+# The sandwich norms: post_attention_layernorm follows attention, and the pre-MLP norm (GGUF's
+# ffn_norm, Llama's post_attention_layernorm) is pre_feedforward_layernorm.
+SANDWICH_NORM_NAMES = {
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+
+ARCHITECTURES = (
+    Architecture(
+        "gemma3_text",
+        read_gemma3_text,
+        "Gemma3ForCausalLM",
+        tiny_config=dict(head_dim=8, sliding_window=5, layer_types=["sliding_attention", "full_attention"]),
+    ),
+    Architecture("gemma3", read_gemma3, "Gemma3ForConditionalGeneration"),
+    Architecture(
+        "gemma2",
+        read_gemma2,
+        "Gemma2ForCausalLM",
+        # caps low enough that tiny random scores and logits reach them
+        tiny_config=dict(
+            head_dim=8,
+            sliding_window=5,
+            query_pre_attn_scalar=8,
+            attn_logit_softcapping=2.0,
+            final_logit_softcapping=3.0,
+        ),
+    ),
+)
+GGUF = (
+    GgufArchitecture("gemma3", gemma3_file, layer_names=SANDWICH_NORM_NAMES, norms_plus_one=True),
+    GgufArchitecture("gemma2", gemma2_file, layer_names=SANDWICH_NORM_NAMES, norms_plus_one=True),
+)

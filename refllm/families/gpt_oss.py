@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from refllm.architectures.keys import (
+from refllm.families.family import Architecture
+from refllm.families.keys import (
     HFKeys,
     common_fields,
     expert_count,
@@ -57,3 +58,26 @@ def read_gpt_oss(keys: HFKeys) -> dict[str, Any]:
             swiglu_alpha=float(keys.get("swiglu_alpha", 1.702)),
         ),
     )
+
+
+ARCHITECTURES = (
+    Architecture(
+        "gpt_oss",
+        read_gpt_oss,
+        "GptOssForCausalLM",
+        tiny_config=dict(
+            head_dim=8,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=5,
+            swiglu_limit=1.0,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 150_000.0,
+                "factor": 2.0,
+                "truncate": False,
+                "original_max_position_embeddings": 32,
+            },
+        ),
+    ),
+)

@@ -1,17 +1,20 @@
-"""SmolLM3: config.json to ``ModelConfig`` fields.
+"""SmolLM3: config.json to ``ModelConfig`` fields, and llama.cpp's smollm3 files.
 
 A Llama-shaped model whose every ``no_rope_layer_interval``-th layer (4 in the
 released checkpoints) runs without RoPE. transformers spells this
 ``no_rope_layers``: one flag per layer, 1 where the layer *uses* RoPE and 0 where
-it does not, derived from the interval when absent.
+it does not, derived from the interval when absent. No GGUF key names the NoPE
+layers; llama.cpp fixes the interval at 4, and so does refllm. Its converter
+permutes q/k rows as for llama files.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from refllm.architectures.keys import HFKeys, common_fields, rope_for_types, single_rope
 from refllm.errors import ConfigError
+from refllm.families.family import Architecture, GgufArchitecture
+from refllm.families.keys import HFKeys, common_fields, rope_for_types, single_rope
 from refllm.rope_parameters import FULL_ATTENTION, SLIDING_ATTENTION
 
 SMOLLM3_ROPE_THETA = 2_000_000.0  # transformers' SmolLM3Config default
@@ -55,3 +58,16 @@ def read_smollm3(keys: HFKeys) -> dict[str, Any]:
         nope_layers=skipped,
         rope=rope_for_types(layer_types, single_rope(keys, SMOLLM3_ROPE_THETA)),
     )
+
+
+ARCHITECTURES = (
+    # the second of the two layers runs without RoPE
+    Architecture("smollm3", read_smollm3, "SmolLM3ForCausalLM", tiny_config=dict(no_rope_layer_interval=2)),
+)
+GGUF = (
+    GgufArchitecture(
+        "smollm3",
+        lambda facts: {"model_type": "smollm3", "no_rope_layer_interval": SMOLLM3_NO_ROPE_LAYER_INTERVAL},
+        permuted_qk=True,
+    ),
+)

@@ -1,10 +1,14 @@
-"""Mixtral: config.json to ``ModelConfig`` fields (Mistral's attention, every MLP a mixture of experts)."""
+"""Mixtral: config.json to ``ModelConfig`` fields (Mistral's attention, every MLP a mixture of experts).
+
+llama.cpp writes Mixtral as a ``llama`` file with experts (``refllm/families/llama.py``).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from refllm.architectures.keys import (
+from refllm.families.family import Architecture
+from refllm.families.keys import (
     HFKeys,
     common_fields,
     expert_count,
@@ -34,3 +38,13 @@ def read_mixtral(keys: HFKeys) -> dict[str, Any]:
             norm_topk_prob=True,  # Mixtral always renormalises the chosen weights
         ),
     )
+
+
+ARCHITECTURES = (
+    Architecture(
+        "mixtral",
+        read_mixtral,
+        "MixtralForCausalLM",
+        tiny_config=dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=5),
+    ),
+)
