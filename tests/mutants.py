@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from refllm.kv import CacheConfig
+from refllm.kv import OWN_ATTENTION, CacheConfig
 from refllm.kv.paged import PagedKVArena
 from refllm.models.contract import InMemorySource
 from refllm.models.llama import LlamaFamilyModel
@@ -22,7 +22,7 @@ from refllm.moe_parameters import TOPK_THEN_SOFTMAX
 from refllm.nn.attention import attention_mask, softmax
 from refllm.nn.moe import softmax_then_topk, topk_then_softmax
 from refllm.nn.moe_grouped import grouped_topk_routing, sigmoid
-from refllm.nn.rope import RopeTable, rotary_dims
+from refllm.nn.rope import rotary_dims
 from refllm.nn.softcap import soft_cap
 from refllm.runtime.llm import LLM
 from refllm.testing.backends import LLMBackend, ModelBackend
@@ -57,7 +57,9 @@ class RopeBaseOff(LlamaFamilyModel):
         super().__init__(config, weights, tokenizer, *args)
         for layer_type, params in config.rope.items():
             params = replace(params, theta=2 * params.theta)
-            self.rope_tables[layer_type] = RopeTable(params, config.head_dim, config.max_position_embeddings)
+            self.rope_angles[layer_type] = self.ops.rope_angles(
+                params, config.head_dim, config.max_position_embeddings, self.dtype
+            )
 
 
 class InterleavedRope(LlamaFamilyModel):
@@ -93,7 +95,7 @@ class ChunkPositionOffByOne(LlamaFamilyModel):
 
 
 class _WrongGroups(_CacheProxy):
-    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=None):
+    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=OWN_ATTENTION):
         heads, kv_heads = q.shape[2], self.inner.shape.num_kv_heads
         order = np.argsort(np.arange(heads) % kv_heads, kind="stable")  # query head h reads KV head h % K
         out = np.empty_like(q)
@@ -116,7 +118,7 @@ class SoftmaxScale(LlamaFamilyModel):
 
 
 class _WindowOffByOne(_CacheProxy):
-    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=None):
+    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=OWN_ATTENTION):
         return self.inner.attention(layer, seq_ids, q, scale, window and window + 1, softcap, attend)
 
 
@@ -128,7 +130,7 @@ class SlidingWindowOffByOne(LlamaFamilyModel):
 
 
 class _RowZeroKeys(_CacheProxy):
-    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=None):
+    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=OWN_ATTENTION):
         return self.inner.attention(layer, [seq_ids[0]] * len(seq_ids), q, scale, window, softcap, attend)
 
 
@@ -210,7 +212,9 @@ class DynamicNtkStaticBase(LlamaFamilyModel):
         for layer_type, params in config.rope.items():
             if params.rope_type == "dynamic":
                 static = replace(params, rope_type="default")
-                self.rope_tables[layer_type] = RopeTable(static, config.head_dim, config.max_position_embeddings)
+                self.rope_angles[layer_type] = self.ops.rope_angles(
+                    static, config.head_dim, config.max_position_embeddings, self.dtype
+                )
 
 
 class RopeTableOf32(LlamaFamilyModel):
@@ -243,7 +247,7 @@ class _AttendReplaced(_CacheProxy):
         super().__init__(inner)
         self.wrong = wrong
 
-    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=None):
+    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=OWN_ATTENTION):
         attend = attend if isinstance(attend, functools.partial) else self.wrong
         return self.inner.attention(layer, seq_ids, q, scale, window, softcap, attend)
 
@@ -357,8 +361,8 @@ class LatentRopeKeyCachedBeforeRope(LlamaFamilyModel):
         return super().self_attention(layer_index, w, x, positions, cache, seq_ids)
 
 
-def _bias_in_weights(router_logits, correction_bias, top_k, num_groups, groups_per_token, norm, scaling):
-    expert_ids, _ = grouped_topk_routing(router_logits, correction_bias, top_k, num_groups, groups_per_token, norm, scaling)
+def _bias_in_weights(router_logits, correction_bias, k, num_groups, groups_per_token, norm, scaling):
+    expert_ids, _ = grouped_topk_routing(router_logits, correction_bias, k, num_groups, groups_per_token, norm, scaling)
     weights = np.take_along_axis(sigmoid(router_logits) + correction_bias, expert_ids, axis=-1)
     if norm:
         weights = weights / (weights.sum(axis=-1, keepdims=True) + 1e-20)

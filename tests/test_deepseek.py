@@ -20,7 +20,8 @@ from refllm import CacheConfig, InMemorySource, LlamaFamilyModel, ModelConfig
 from refllm.errors import ConfigError
 from refllm.loading import open_source
 from refllm.models.weights import checkpoint_shapes
-from refllm.nn.latent_attention import absorbed_latent_attention, latent_attention
+from refllm.kernels.latent_attention import absorbed_latent_attention
+from refllm.nn.latent_attention import latent_attention
 from refllm.nn.moe_grouped import grouped_topk_routing
 from refllm.runtime.llm import LLM
 from tests.hf_fixtures import DATA, NEW_TOKENS

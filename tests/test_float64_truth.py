@@ -19,7 +19,7 @@ import pytest
 
 import refllm
 from refllm.kv import CacheConfig
-from refllm.nn.rope import RopeTable
+from refllm.kernels.rope import RopeTable
 from refllm.testing.truth import relative_error
 from tests.float64_reference import reference_logits
 
@@ -60,8 +60,9 @@ def test_the_bound_sees_float32_rope_tables():
     checkpoint = next(p for p in CHECKPOINTS if p.name == "llama")
     model = refllm.load_model(checkpoint, dtype="float64")
     c = model.config
-    model.rope_tables = {
-        kind: RopeTable(params, c.head_dim, c.max_position_embeddings, np.float32) for kind, params in c.rope.items()
+    model.rope_angles = {
+        kind: RopeTable(params, c.head_dim, c.max_position_embeddings, np.float32).lookup
+        for kind, params in c.rope.items()
     }
     logits = model.prefill_all_logits(np.array([TOKENS]), model.create_kv_cache(), range(26))
     error = relative_error(logits[0], reference_logits(checkpoint, TOKENS, [len(TOKENS)]))

@@ -103,3 +103,10 @@ def test_no_import_circles():
 def test_every_module_is_short():
     long = {module_name(path): n for path in FILES if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert long == {}
+
+
+def test_the_spec_imports_nothing_but_the_spec():
+    """nn/ is read alone: it imports no config parsing, no family, nothing of refllm outside nn/."""
+    outside = {f"{name} imports {target}" for name, targets in GRAPH.items() if name.startswith("refllm.nn")
+               for target in targets if not target.startswith("refllm.nn")}  # fmt: skip
+    assert outside == set()

@@ -21,12 +21,10 @@ from refllm.memory import weight_bytes
 from refllm.models.moe_layer import mixture_of_experts, route
 from refllm.models.random import random_tensors
 from refllm.nn.attention import attention, softmax, softmax_with_sink
-from refllm.nn.mlp import clamped_swiglu
+from refllm.nn.mlp import MLPWeights, clamped_swiglu, gated_mlp
 from refllm.nn.moe import (
-    Expert,
     experts_forward,
     softmax_then_topk,
-    swiglu_expert,
     top_k,
     topk_then_softmax,
 )
@@ -69,11 +67,11 @@ def test_top_k_orders_by_score_and_breaks_ties_towards_the_lower_id():
 def test_the_experts_loop_is_the_weighted_sum_of_every_chosen_expert():
     rng = np.random.default_rng(0)
     D, M, X, T, k = 6, 5, 4, 7, 2
-    experts = [Expert(rng.normal(size=(M, D)), rng.normal(size=(M, D)), rng.normal(size=(D, M))) for _ in range(X)]
+    experts = [MLPWeights(rng.normal(size=(M, D)), rng.normal(size=(M, D)), rng.normal(size=(D, M))) for _ in range(X)]
     x = rng.normal(size=(T, D))
     ids, weights = softmax_then_topk(rng.normal(size=(T, X)), k, renormalize=False)
     expected = np.stack(
-        [sum(weights[t, i] * swiglu_expert(x[t : t + 1], experts[ids[t, i]])[0] for i in range(k)) for t in range(T)]
+        [sum(weights[t, i] * gated_mlp(x[t : t + 1], experts[ids[t, i]])[0] for i in range(k)) for t in range(T)]
     )
     np.testing.assert_allclose(experts_forward(x, ids, weights, experts), expected, rtol=1e-12)
 
@@ -86,7 +84,7 @@ def test_an_expert_no_token_chose_is_never_read():
         read.append(expert)
         return rows * 2
 
-    experts = [Expert(*[rng.normal(size=(2, 2))] * 3) for _ in range(5)]
+    experts = [MLPWeights(*[rng.normal(size=(2, 2))] * 3) for _ in range(5)]
     experts_forward(rng.normal(size=(3, 2)), np.array([[4, 1], [1, 4], [4, 1]]), np.ones((3, 2)), experts, mlp)
     assert read == [experts[1], experts[4]]
 

@@ -115,7 +115,7 @@ def test_float64_runs_every_step_in_float64():
     cache = m.create_kv_cache()
     assert m.prefill_hidden(np.array([[1, 2]]), cache, range(2)).dtype == np.float64
     assert m.decode_all_logits(np.array([[3, 4]]), cache).dtype == np.float64
-    assert m.rope_tables["full_attention"].lookup(np.array([[5]]))[0].dtype == np.float64
+    assert m.rope_angles["full_attention"](np.array([[5]]))[0].dtype == np.float64
 
 
 def test_float64_runs_under_the_runtime():

@@ -43,7 +43,7 @@ def latent_self_attention(
     q = q.reshape(B, T, c.num_attention_heads, latent.qk_head_dim)
     compressed = ops.linear(x, w.kv_a_proj_with_mqa, w.kv_a_proj_with_mqa_bias)  # [B, T, C + P]
     kv = ops.rms_norm(compressed[..., :C], w.kv_a_layernorm, LATENT_NORM_EPS, 0.0)  # [B, T, C]
-    cos, sin = model.rope_tables[c.layer_types[layer_index]].lookup(positions)
+    cos, sin = model.rope_angles[c.layer_types[layer_index]](positions)
     q = np.concatenate([q[..., :N], ops.apply_rope(q[..., N:], cos, sin)], axis=-1)
     k_rope = ops.apply_rope(compressed[:, :, None, C:], cos, sin)  # [B, T, 1, P]: one key for all heads
     cached = np.concatenate([kv[:, :, None, :], k_rope], axis=-1)  # [B, T, 1, C + P]
@@ -60,7 +60,7 @@ def grouped_experts_mlp(model, w: LayerWeights, x: np.ndarray) -> np.ndarray:
     c, ops = model.config, model.ops
     experts = c.grouped_experts
 
-    def route(router_logits: np.ndarray, _moe) -> tuple[np.ndarray, np.ndarray]:
+    def route(router_logits: np.ndarray, moe) -> tuple[np.ndarray, np.ndarray]:
         return model.route_experts(
             router_logits,
             w.router_correction_bias,

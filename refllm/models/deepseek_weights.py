@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from refllm.config import ModelConfig
-from refllm.nn.moe import Expert
+from refllm.nn.mlp import MLPWeights
 
 
 @dataclass
@@ -115,12 +115,12 @@ def _rope_rows(width: int, rope_dim: int, heads: int, interleaved: bool) -> np.n
 
 def grouped_experts_weights(
     config: ModelConfig, get: Callable[[str], np.ndarray | None]
-) -> tuple[np.ndarray, np.ndarray, list[Expert], Expert | None]:
+) -> tuple[np.ndarray, np.ndarray, list[MLPWeights], MLPWeights | None]:
     """-> (router [X, D], its correction bias [X], the routed experts, the shared experts as one MLP
     of S x moe_intermediate_size, or None) of a sparse layer; ``get`` as for ``latent_attention_weights``."""
 
-    def expert(prefix: str) -> Expert:
-        return Expert(*(get(f"{prefix}{name}_proj.weight") for name in ("gate", "up", "down")))
+    def expert(prefix: str) -> MLPWeights:
+        return MLPWeights(*(get(f"{prefix}{name}_proj.weight") for name in ("gate", "up", "down")))
 
     experts = [expert(f"mlp.experts.{e}.") for e in range(config.grouped_experts.num_experts)]
     shared = expert("mlp.shared_experts.") if config.grouped_experts.num_shared_experts else None

@@ -20,7 +20,7 @@ Three layouts reach refllm:
                   mlp.gate.weight [X, D], mlp.experts.gate_proj.weight / up_proj.weight [X, M, D],
                   mlp.experts.down_proj.weight [X, D, M]
 
-Whichever it is, the forward pass sees a list of ``Expert``, each projection a contiguous [out, in] matrix.
+Whichever it is, the forward pass sees a list of ``MLPWeights``, each projection a contiguous [out, in] matrix.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from refllm.config import ModelConfig
-from refllm.nn.moe import Expert
+from refllm.nn.mlp import MLPWeights
 
 # model_type -> (router name, expert prefix with {e}, gate, up, down names) of the per-expert layout
 PER_EXPERT_NAMES = {
@@ -84,19 +84,19 @@ def sparse_layer_shapes(config: ModelConfig, layer: int, layout: str) -> dict[st
 
 def sparse_layer_weights(
     config: ModelConfig, layer: int, layout: str, get: Callable[[str], np.ndarray | None]
-) -> tuple[np.ndarray, np.ndarray | None, list[Expert]]:
+) -> tuple[np.ndarray, np.ndarray | None, list[MLPWeights]]:
     """-> (router [X, D], router bias [X] or None, the experts) of sparse ``layer``; ``get(name)`` reads a tensor."""
     prefix = f"model.layers.{layer}."
     X = config.moe.num_experts
     if layout == STACKED:
         gates, ups, downs = (get(f"{prefix}mlp.experts.{n}.weight") for n in ("gate_proj", "up_proj", "down_proj"))
-        return get(prefix + "mlp.gate.weight"), None, [Expert(gates[e], ups[e], downs[e]) for e in range(X)]
+        return get(prefix + "mlp.gate.weight"), None, [MLPWeights(gates[e], ups[e], downs[e]) for e in range(X)]
     if layout == PER_EXPERT:
         router, expert, gate, up, down = PER_EXPERT_NAMES[config.model_type]
         experts = []
         for e in range(X):
             names = prefix + expert.format(e=e)
-            experts.append(Expert(*(get(f"{names}{projection}.weight") for projection in (gate, up, down))))
+            experts.append(MLPWeights(*(get(f"{names}{projection}.weight") for projection in (gate, up, down))))
         return get(f"{prefix}{router}.weight"), None, experts
     gate_up, down = get(prefix + "mlp.experts.gate_up_proj"), get(prefix + "mlp.experts.down_proj")
     gate_up_bias, down_bias = get(prefix + "mlp.experts.gate_up_proj_bias"), get(prefix + "mlp.experts.down_proj_bias")
@@ -113,7 +113,7 @@ def sparse_layer_weights(
         gate_biases = up_biases = None
         router = get(prefix + "mlp.gate.weight")
     experts = [
-        Expert(*(None if stacked is None else np.ascontiguousarray(stacked[e])
+        MLPWeights(*(None if stacked is None else np.ascontiguousarray(stacked[e])
                  for stacked in (gates, ups, downs, gate_biases, up_biases, down_bias)))
         for e in range(X)
     ]

@@ -32,13 +32,14 @@ from refllm.kv import CacheConfig, CacheShape, KVCache, create_cache
 from refllm.models.contract import ModelMetadata, ModelSource
 from refllm.models.deepseek import grouped_experts_mlp, latent_self_attention
 from refllm.models.moe_layer import mixture_of_experts
+from refllm.kv.base import OWN_ATTENTION
 from refllm.models.ops import SPEC_OPS, OpSet, fast_ops
 from refllm.models.weights import LayerWeights, ModelWeights, assemble, weight_leaves
 from refllm.nn.attention import attention as spec_attention
+from refllm.nn.logits import output_logits
+from refllm.nn.mlp import MLPWeights, gated_mlp
 from refllm.nn.moe_grouped import grouped_topk_routing
 from refllm.nn.residual import residual_block
-from refllm.nn.rope import RopeTable
-from refllm.nn.softcap import soft_cap
 
 DTYPES = ("float32", "float64")
 
@@ -72,8 +73,8 @@ class LlamaFamilyModel:
         self.dtype = _check_dtype(dtype, weights)
         reference = self.dtype == np.float64 if reference is None else reference
         self.ops: OpSet = _spec_ops_for(weights) if reference else _fast_ops_for(self.dtype)
-        self.rope_tables = {
-            layer_type: RopeTable(params, config.head_dim, config.max_position_embeddings, self.dtype)
+        self.rope_angles = {
+            layer_type: self.ops.rope_angles(params, config.head_dim, config.max_position_embeddings, self.dtype)
             for layer_type, params in config.rope.items()
         }
 
@@ -211,10 +212,9 @@ class LlamaFamilyModel:
             return grouped_experts_mlp(self, w, h)  # DeepSeek-V3: its own router, plus shared experts
         if w.experts is not None:
             return mixture_of_experts(h, w, self.config, self.ops)
-        # refllm.nn.mlp.gated_mlp, one op at a time: down(act(gate(h)) * up(h))
-        ops = self.ops
-        gate, up = ops.linear(h, w.gate_proj, w.gate_proj_bias), ops.linear(h, w.up_proj, w.up_proj_bias)
-        return ops.linear(ops.gated(gate, up, self.config.hidden_act), w.down_proj, w.down_proj_bias)
+        mlp = MLPWeights(w.gate_proj, w.up_proj, w.down_proj, w.gate_proj_bias, w.up_proj_bias, w.down_proj_bias)
+        gate = functools.partial(self.ops.gated, activation=self.config.hidden_act)
+        return gated_mlp(h, mlp, gate, self.ops.linear)
 
     def self_attention(
         self, layer_index: int, w: LayerWeights, x: np.ndarray, positions: np.ndarray, cache: KVCache, seq_ids: list
@@ -234,13 +234,13 @@ class LlamaFamilyModel:
         if c.qk_norm and not c.qk_norm_whole:  # Qwen3, Gemma 3: each head on its own
             q, k = self._norm(q, w.q_norm), self._norm(k, w.k_norm)
         if c.uses_rope(layer_index):  # a NoPE layer (SmolLM3) leaves positions to the causal mask
-            cos, sin = self.rope_tables[c.layer_types[layer_index]].lookup(positions)
+            cos, sin = self.rope_angles[c.layer_types[layer_index]](positions)
             q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
         cache.write(layer_index, seq_ids, k, v)
         window = c.window_for_layer(layer_index)
         attend = ops.attention
         if w.sinks is not None:  # the caches' own kernels have no sinks: the spec attention over the gathered keys
-            attend = functools.partial(attend or spec_attention, sinks=w.sinks)
+            attend = functools.partial(spec_attention if attend is OWN_ATTENTION else attend, sinks=w.sinks)
         out = cache.attention(
             layer_index, seq_ids, q, c.attention_scale, window, c.attn_logit_softcapping, attend
         )  # [B, T, H, E]
@@ -249,9 +249,9 @@ class LlamaFamilyModel:
     def logits(self, hidden: np.ndarray) -> np.ndarray:
         """hidden: [..., D] (after the final norm) -> [..., V]."""
         with self.ops.running():
-            logits = self.ops.linear(hidden, self.weights.lm_head)
-        cap = self.config.final_logit_softcapping
-        return logits if cap is None else soft_cap(logits, cap)
+            return output_logits(
+                hidden, self.weights.lm_head, softcap=self.config.final_logit_softcapping, linear=self.ops.linear
+            )
 
     def _norm(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
         return self.ops.rms_norm(x, weight, self.config.rms_norm_eps, self.config.norm_weight_offset)

@@ -8,6 +8,7 @@ some token chose are read, so a decode step reads k experts per layer, not X.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -16,8 +17,9 @@ from refllm.config import ModelConfig
 from refllm.models.ops import OpSet
 from refllm.models.weights import LayerWeights
 from refllm.moe_parameters import TOPK_THEN_SOFTMAX, MoeParameters
-from refllm.nn.mlp import clamped_swiglu
-from refllm.nn.moe import Expert, experts_forward, softmax_then_topk, topk_then_softmax
+from refllm.nn.mlp import MLPWeights, clamped_swiglu, gated_mlp
+from refllm.nn.moe import mixture_of_experts as spec_mixture_of_experts
+from refllm.nn.moe import softmax_then_topk, topk_then_softmax
 
 
 def route(router_logits: np.ndarray, moe: MoeParameters) -> tuple[np.ndarray, np.ndarray]:
@@ -27,29 +29,21 @@ def route(router_logits: np.ndarray, moe: MoeParameters) -> tuple[np.ndarray, np
     return softmax_then_topk(router_logits, moe.experts_per_token, moe.norm_topk_prob)
 
 
-def expert_mlp_through(ops: OpSet, config: ModelConfig) -> Callable[[np.ndarray, Expert], np.ndarray]:
-    """An expert's MLP through ``ops``: ``refllm.nn.mlp.gated_mlp`` one op at a time, its gate the
-    config's activation or gpt-oss's clamped SwiGLU. (rows [N, D], expert) -> [N, D]."""
+def expert_mlp_through(ops: OpSet, config: ModelConfig) -> Callable[[np.ndarray, MLPWeights], np.ndarray]:
+    """An expert's MLP through ``ops``: ``refllm.nn.mlp.gated_mlp``, its gate the config's activation or
+    gpt-oss's clamped SwiGLU. (rows [N, D], expert) -> [N, D]."""
     moe = config.moe
-
-    def gate(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-        if moe is not None and moe.swiglu_limit is not None:
-            return clamped_swiglu(gate, up, moe.swiglu_alpha, moe.swiglu_limit)
-        return ops.gated(gate, up, config.hidden_act)
-
-    def expert_mlp(rows: np.ndarray, expert: Expert) -> np.ndarray:
-        gate_out = ops.linear(rows, expert.gate_proj, expert.gate_proj_bias)
-        hidden = gate(gate_out, ops.linear(rows, expert.up_proj, expert.up_proj_bias))
-        return ops.linear(hidden, expert.down_proj, expert.down_proj_bias)
-
-    return expert_mlp
+    if moe is not None and moe.swiglu_limit is not None:
+        gate = functools.partial(clamped_swiglu, alpha=moe.swiglu_alpha, limit=moe.swiglu_limit)
+    else:
+        gate = functools.partial(ops.gated, activation=config.hidden_act)
+    return functools.partial(gated_mlp, gate=gate, linear=ops.linear)
 
 
 def mixture_of_experts(
     h: np.ndarray, w: LayerWeights, config: ModelConfig, ops: OpSet, routing: Callable = route
 ) -> np.ndarray:
     """h: [B, T, D] (normed), w: a sparse layer's weights -> [B, T, D]. ``routing``: as ``route``."""
-    x = h.reshape(-1, h.shape[-1])  # [B*T, D]: routing is per token
-    expert_ids, expert_weights = routing(ops.linear(x, w.router, w.router_bias), config.moe)
+    route = functools.partial(routing, moe=config.moe)
     expert_mlp = expert_mlp_through(ops, config)
-    return experts_forward(x, expert_ids, expert_weights, w.experts, expert_mlp).reshape(h.shape)
+    return spec_mixture_of_experts(h, w.router, w.router_bias, w.experts, route, expert_mlp, ops.linear)

@@ -29,7 +29,7 @@ from refllm.models.expert_weights import (
     sparse_layer_shapes,
     sparse_layer_weights,
 )
-from refllm.nn.moe import Expert
+from refllm.nn.mlp import MLPWeights
 
 
 @dataclass
@@ -63,10 +63,10 @@ class LayerWeights:
     sinks: np.ndarray | None = None  # [H], gpt-oss's attention sinks
     router: np.ndarray | None = None  # [X, D]
     router_bias: np.ndarray | None = None  # [X]
-    experts: list[Expert] | None = None
+    experts: list[MLPWeights] | None = None
     latent: LatentAttentionWeights | None = None  # DeepSeek-V3's attention, in place of q/k/v/o_proj
     router_correction_bias: np.ndarray | None = None  # [X], DeepSeek-V3's e_score_correction_bias
-    shared_experts: Expert | None = None  # DeepSeek-V3's shared experts, one MLP every token runs
+    shared_experts: MLPWeights | None = None  # DeepSeek-V3's shared experts, one MLP every token runs
 
 
 @dataclass

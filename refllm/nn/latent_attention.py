@@ -26,8 +26,8 @@ and value,
     sum_j p_j W_v[h] c_j   = W_v[h] (sum_j p_j c_j)         and the value projection comes after the sum
 
 which is multi-query attention over the cached latents themselves, keys
-[c | k_rope] and values c. ``absorbed_latent_attention`` is that twin, the fast
-op set's; the expanded form above is the spec.
+[c | k_rope] and values c. ``refllm.kernels.latent_attention.absorbed_latent_attention``
+is that twin, the fast op set's; the expanded form above is the spec.
 
 The latent norms use eps 1e-6 whatever the config's ``rms_norm_eps`` (as
 DeepSeek's code and transformers build them).
@@ -75,25 +75,3 @@ def latent_attention(
     """
     k, v = expand_latent(latent[:, 0], kv_b_proj, q.shape[1], nope_dim)
     return attention(q, k, v, query_positions, scale, window, softcap)
-
-
-def absorbed_latent_attention(
-    q: np.ndarray,
-    latent: np.ndarray,
-    values: np.ndarray,
-    query_positions: np.ndarray,
-    scale: float,
-    window: int | None = None,
-    softcap: float | None = None,
-    *,
-    kv_b_proj: np.ndarray,
-    nope_dim: int,
-) -> np.ndarray:
-    """``latent_attention`` with kv_b_proj absorbed into the query and the output: the same [T, H, U]."""
-    num_heads, rank = q.shape[1], kv_b_proj.shape[1]
-    per_head = kv_b_proj.reshape(num_heads, -1, rank)  # [H, N + U, C]
-    key_rows, value_rows = per_head[:, :nope_dim], per_head[:, nope_dim:]  # [H, N, C], [H, U, C]
-    q_latent = np.einsum("thn,hnc->thc", q[..., :nope_dim], key_rows)  # [T, H, C]
-    q_absorbed = np.concatenate([q_latent, q[..., nope_dim:]], axis=-1)  # [T, H, C + P]
-    context = attention(q_absorbed, latent, latent[..., :rank], query_positions, scale, window, softcap)  # [T, H, C]
-    return np.einsum("thc,huc->thu", context, value_rows)

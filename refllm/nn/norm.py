@@ -1,11 +1,13 @@
-"""RMSNorm, in the plain form and in Gemma's (1 + w) form.
+"""RMSNorm, in the plain form and in Gemma's (1 + w) form, and LayerNorm without a bias (Cohere).
 
-    rms_norm(x) = x / sqrt(mean(x^2) + eps) * (offset + w)
+    rms_norm(x)   = x / sqrt(mean(x^2) + eps) * (offset + w)
+    layer_norm(x) = (x - mean(x)) / sqrt(mean((x - mean(x))^2) + eps) * w
 
 ``offset`` is 0 for Llama-style norms and 1 for Gemma, whose checkpoints store
-w - 1. The same function normalises the last axis of anything: [B, T, D] hidden
-states, or [B, T, H, E] per-head queries and keys (the q/k norm of Qwen3 and
-Gemma 3).
+w - 1. RMSNorm leaves the mean where it is; LayerNorm subtracts it first. Both
+normalise the last axis of anything: [B, T, D] hidden states, or [B, T, H, E]
+per-head queries and keys (the q/k norm of Qwen3, Gemma 3 and Cohere; Cohere's
+weight is [H, E], one row per head, which broadcasts over the batch and tokens).
 """
 
 from __future__ import annotations
@@ -18,3 +20,10 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, offset: float = 0.0)
     mean_square = np.mean(np.square(x), axis=-1, keepdims=True)
     normed = x / np.sqrt(mean_square + eps)  # eps inside the square root
     return normed * (offset + weight)
+
+
+def layer_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """x: [..., N], weight: [N] (or any shape that broadcasts against x) -> [..., N]."""
+    centred = x - np.mean(x, axis=-1, keepdims=True)
+    variance = np.mean(np.square(centred), axis=-1, keepdims=True)
+    return centred / np.sqrt(variance + eps) * weight
