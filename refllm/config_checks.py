@@ -47,18 +47,15 @@ def check_token_id(value: Any, name: str) -> int | None:
 
 
 def check_fields(config: Any) -> None:
-    """Every size of a ModelConfig a positive integer in bounds, its heads dividing evenly, its numbers finite."""
-    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads"):
+    """Every size of a ModelConfig a positive integer in bounds, its numbers finite (its parts check their own
+    when they are made: ``refllm/recipe.py``, ``refllm/moe_parameters.py``)."""
+    for name in ("vocab_size", "hidden_size"):
         check_size(getattr(config, name), name)
-    check_size(config.head_dim, "head_dim")
     check_size(config.num_hidden_layers, "num_hidden_layers", MAX_LAYERS)
     check_size(config.max_position_embeddings, "max_position_embeddings")
-    if config.num_attention_heads % config.num_key_value_heads:
-        raise ConfigError(
-            f"num_attention_heads ({config.num_attention_heads}) must be a multiple of "
-            f"num_key_value_heads ({config.num_key_value_heads})"
-        )
-    check_number(config.rms_norm_eps, "rms_norm_eps", positive=True)
+    for name in ("embedding_scale", "residual_scale", "logit_scale", "final_logit_softcapping"):
+        if getattr(config, name) is not None:
+            check_number(getattr(config, name), name)
     if config.sliding_window is not None:
         check_size(config.sliding_window, "sliding_window")
     check_token_id(config.bos_token_id, "bos_token_id")

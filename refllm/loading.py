@@ -6,7 +6,7 @@ from pathlib import Path
 
 from refllm.errors import InvalidInputError
 from refllm.models.contract import ModelSource
-from refllm.models.llama import LlamaFamilyModel, ModelDtypeError, dtype_name
+from refllm.models.decoder import DecoderModel, ModelDtypeError, dtype_name
 
 
 class ModelNotFoundError(InvalidInputError):
@@ -36,7 +36,7 @@ def load_model(
     quantize: str | None = None,
     dtype: str = "float32",
     reference: bool | None = None,
-) -> LlamaFamilyModel:
+) -> DecoderModel:
     """Load a model from a catalog name (pulled on first use), a .gguf file or a Hugging Face directory.
 
     dtype: "float32" (the default), or "float64": ground truth, every step in float64 (GGUF blocks
@@ -66,4 +66,4 @@ def load_model(
     source = open_source(path_or_name, quantized=quantized, dtype=dtype)
     if target is not None:
         source = RequantizedSource(source, target)
-    return LlamaFamilyModel.load(source, dtype=dtype, reference=reference)
+    return DecoderModel.load(source, dtype=dtype, reference=reference)

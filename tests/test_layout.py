@@ -9,6 +9,7 @@ longer than 400 lines.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import refllm
@@ -19,7 +20,7 @@ MAX_LINES = 400
 # Bottom to top. A module's layer is that of the longest prefix of its dotted name listed here.
 LAYERS = [
     ("refllm.errors", "refllm.config", "refllm.config_checks", "refllm.rope_parameters", "refllm.moe_parameters",
-     "refllm.families", "refllm.progress"),
+     "refllm.families", "refllm.recipe", "refllm.progress"),
     ("refllm.nn",),
     ("refllm.kernels", "refllm.machine"),
     ("refllm.quant",),
@@ -110,3 +111,32 @@ def test_the_spec_imports_nothing_but_the_spec():
     outside = {f"{name} imports {target}" for name, targets in GRAPH.items() if name.startswith("refllm.nn")
                for target in targets if not target.startswith("refllm.nn")}  # fmt: skip
     assert outside == set()
+
+
+def listed_modules(doc: str) -> set[str]:
+    """The modules the first code block of docs/architecture.md names, as paths under refllm/ ("nn/rope.py";
+    a package as its folder, "nn/"). A line names modules when its first column (up to two spaces) is made of
+    names ending in ".py" or "/"; a name ending in "/" opens a package for the lines indented under it."""
+    block = doc.split("```")[1]
+    listed, packages = set(), []  # packages: (indent, path) of the open folders
+    for line in block.splitlines()[2:]:  # past the language tag and the "refllm/" root
+        indent = len(line) - len(line.lstrip())
+        names = re.split(r"\s{2,}", line.strip())[0].split(" ")
+        if not line.strip() or not all(name.endswith((".py", "/")) for name in names):
+            continue  # a description carried over from the line above
+        packages = [(level, path) for level, path in packages if level < indent]
+        prefix = packages[-1][1] if packages else ""
+        listed |= {prefix + name for name in names}
+        packages += [(indent, prefix + name) for name in names if name.endswith("/")]
+    return listed
+
+
+def test_the_architecture_doc_lists_every_module():
+    """docs/architecture.md names every module of refllm/, and nothing that is not one."""
+    tree = {str(path.relative_to(PACKAGE)) for path in FILES if path.name != "__init__.py"}
+    tree |= {str(path.relative_to(PACKAGE).parent) + "/" for path in FILES if path.name == "__init__.py"} - {"./"}
+    listed = listed_modules((PACKAGE.parent / "docs" / "architecture.md").read_text())
+    listed = {name for name in listed if not name.endswith("__init__.py")}  # a package's: named by its folder
+    assert {"missing from the doc": sorted(tree - listed), "not in the tree": sorted(listed - tree)} == {
+        "missing from the doc": [], "not in the tree": []
+    }

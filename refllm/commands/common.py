@@ -14,7 +14,7 @@ from refllm.kv.base import blocks_for
 from refllm.loading import open_source
 from refllm.memory import available_memory, weight_bytes
 from refllm.models.contract import ModelSource
-from refllm.models.llama import LlamaFamilyModel
+from refllm.models.decoder import DecoderModel
 from refllm.models.weights import checkpoint_shapes
 from refllm.quant.linear import QuantizedTensor
 from refllm.runtime.engine import Engine
@@ -53,7 +53,7 @@ def load(
     reference: bool | None = None,
     context: int | None = None,
     context_flag: str = "--context",
-) -> LlamaFamilyModel:
+) -> DecoderModel:
     """Open the model, refuse what cannot work (before the slow part), then load its weights with progress.
 
     ``dtype`` and ``reference``: as ``refllm.load_model`` takes them (docs/reference.md).
@@ -69,7 +69,7 @@ def load(
             f"{name} needs about {size(needed)} for its weights, more than the {size(available)} of memory available"
         )
     with progress.task(f"loading {name}", total=len(checkpoint_shapes(source.config)), unit="tensor") as bar:
-        return LlamaFamilyModel.load(_CountingSource(source, bar.update), dtype, reference)
+        return DecoderModel.load(_CountingSource(source, bar.update), dtype, reference)
 
 
 def open_checked(
@@ -101,7 +101,7 @@ def _no_chat_template(name: str) -> InvalidInputError:
     )
 
 
-def warm_llm(model: LlamaFamilyModel, context: int | None = None) -> LLM:
+def warm_llm(model: DecoderModel, context: int | None = None) -> LLM:
     """An LLM over the model, its kernels compiled (with a notice) or loaded from the cache before any request.
 
     ``context`` caps the tokens of a sequence, and sizes the KV arena for one such sequence.
@@ -113,7 +113,7 @@ def warm_llm(model: LlamaFamilyModel, context: int | None = None) -> LLM:
     return llm
 
 
-def start_engine(model: LlamaFamilyModel, context: int | None = None) -> Engine:
+def start_engine(model: DecoderModel, context: int | None = None) -> Engine:
     """An engine for one user at a time, stepped by its caller; see ``warm_llm``."""
     return Engine(LLMExecutor(warm_llm(model, context), offload=False), model.tokenizer)
 

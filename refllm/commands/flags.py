@@ -14,7 +14,7 @@ import sys
 from refllm import catalog
 from refllm.cluster import LOCAL, import_ray
 from refllm.errors import InvalidInputError
-from refllm.models.llama import DTYPES
+from refllm.models.decoder import DTYPES
 from refllm.runtime.sampling import SamplingParams, SamplingParamsError
 
 MODEL_HELP = (

@@ -20,7 +20,8 @@ from refllm.kv.base import blocks_for
 from refllm.machine import cpu_name, seconds_since_start, thread_settings, vector_extensions
 from refllm.memory import available_memory, weight_bytes
 from refllm.models.contract import ModelSource
-from refllm.models.llama import cache_shape_for
+from refllm.moe_parameters import GroupedExperts
+from refllm.models.decoder import cache_shape_for
 from refllm.quant.linear import QuantizedTensor
 from refllm.runtime.llm import LLM
 
@@ -42,10 +43,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     file, tensor_types = _storage(source)
     rows = {
         "model": args.model,
-        "architecture": (
-            f"{c.model_type}: {c.num_hidden_layers} layers, hidden size {c.hidden_size}, MLP {c.intermediate_size},"
-            f" {_attention(c)}"
-        ),
+        "architecture": f"{c.model_type}: {c.num_hidden_layers} layers, hidden size {c.hidden_size}",
+        "recipe": c.describe(),  # a line per part
         "parameters": f"{c.num_parameters:,} ({c.num_parameters / 1e6:.1f} M)",
         **({} if c.experts is None else {"experts": _experts(c)}),
         "vocabulary": f"{c.vocab_size:,} tokens",
@@ -65,27 +64,16 @@ def cmd_info(args: argparse.Namespace) -> int:
     }
     width = max(map(len, rows))
     for key, value in rows.items():
-        print(f"{key:<{width}}  {value}")
+        for line_key, line in zip([key, *[""] * len(value)], value if isinstance(value, list) else [value]):
+            print(f"{line_key:<{width}}  {line}")
     return 0
-
-
-def _attention(c) -> str:
-    """The attention's heads and widths: query and KV heads, or latent attention's ranks (DeepSeek-V3)."""
-    latent = c.latent_attention
-    if latent is None:
-        return f"{c.num_attention_heads} query / {c.num_key_value_heads} KV heads of {c.head_dim}"
-    query = "full-rank queries" if latent.q_lora_rank is None else f"query rank {latent.q_lora_rank}"
-    return (
-        f"latent attention: {c.num_attention_heads} heads, KV rank {latent.kv_lora_rank}, {query},"
-        f" key dims {latent.qk_nope_head_dim} + {latent.qk_rope_head_dim} RoPE, value dims {latent.v_head_dim}"
-    )
 
 
 def _experts(c) -> str:
     """A mixture of experts' row: experts per sparse layer, experts per token, parameters one token reads."""
     experts = c.experts
     sparse = sum(c.is_sparse(layer) for layer in range(c.num_hidden_layers))
-    shared = 0 if c.grouped_experts is None else c.grouped_experts.num_shared_experts  # every token runs them
+    shared = experts.num_shared_experts if isinstance(experts, GroupedExperts) else 0  # every token runs them
     return (
         f"{experts.num_experts} per sparse layer ({sparse} of {c.num_hidden_layers} layers), {experts.experts_per_token}"
         f" per token{f' plus {shared} shared' if shared else ''}:"

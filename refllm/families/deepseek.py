@@ -1,111 +1,42 @@
-"""DeepSeek-V3: config.json to ``ModelConfig`` fields, and the two settings groups it adds.
+"""DeepSeek-V3: config.json to ``ModelConfig`` fields and its tensors: latent attention and grouped experts.
 
-``LatentAttention`` holds multi-head latent attention's widths
-(``refllm/nn/latent_attention.py``), ``GroupedExperts`` the mixture of experts
-with group-limited sigmoid routing (``refllm/nn/moe_grouped.py``). Both are
-small frozen dataclasses hung on ``ModelConfig`` (None for every other family).
+    x -> embed -> for each layer:
+             x = x + latent_attention(rms_norm(x))     keys and values decompressed from one small latent
+             x = x + mlp(rms_norm(x))                  the first layers dense, then routed experts + shared
+      -> rms_norm -> LM head -> logits
+
+Multi-head latent attention (``refllm/nn/latent_attention.py``) caches one latent
+of C + P numbers per token and layer; its settings are ``LatentAttention``
+(``refllm/recipe.py``). The mixture of experts routes with group-limited sigmoid
+scores (``refllm/nn/moe_grouped.py``) and adds shared experts every token runs;
+its settings are ``GroupedExperts`` (``refllm/moe_parameters.py``).
+
+RoPE dims arrive interleaved (pairs 2i, 2i+1) when ``rope_interleave`` is set;
+the rows that make q_rope and k_rope are permuted once, at load, to the
+rotate-half layout of ``refllm/nn/rope.py`` (a common permutation of q and k
+leaves q.k as it was). The official checkpoints hold the multi-token-prediction
+layers past the last (``num_nextn_predict_layers``); plain decoding never runs
+them, and their tensors are skipped (``ModelConfig.unused_layers``).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
-from refllm.config_checks import MAX_LAYERS, check_number, check_size
+import numpy as np
+
+from refllm.config_checks import MAX_LAYERS, check_number
 from refllm.errors import ConfigError
+from refllm.families.experts import sparse_layer_tensors
 from refllm.families.family import Architecture
-from refllm.families.keys import HFKeys, common_fields, single_rope
+from refllm.families.keys import HFKeys, common_fields, gated_mlp, rms_norms, single_rope
+from refllm.families.tables import PRE_NORMS, ExpertNames, Tensor, dense_mlp_tensors, norm_tensors, one
+from refllm.moe_parameters import GroupedExperts
+from refllm.recipe import LatentAttention
 from refllm.rope_parameters import FULL_ATTENTION, RopeParameters
 
-
-@dataclass(frozen=True)
-class LatentAttention:
-    """Multi-head latent attention's widths (letters as in ``refllm/nn/latent_attention.py``)."""
-
-    q_lora_rank: int | None  # Q: the query's low-rank width; None: one plain q_proj
-    kv_lora_rank: int  # C: the compressed key-value width, what the cache holds per token ...
-    qk_nope_head_dim: int  # N: per-head key/query dims without RoPE
-    qk_rope_head_dim: int  # P: ... with the RoPE key, shared by all heads
-    v_head_dim: int  # U: per-head value dims
-    rope_interleave: bool = True  # the checkpoint pairs RoPE dims (2i, 2i+1); refllm permutes them at load
-
-    def __post_init__(self) -> None:
-        for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
-            check_size(getattr(self, name), name)
-        if self.q_lora_rank is not None:
-            check_size(self.q_lora_rank, "q_lora_rank")
-        if self.qk_rope_head_dim % 2:
-            raise ConfigError(f"qk_rope_head_dim must be even (RoPE rotates pairs); got {self.qk_rope_head_dim}")
-
-    @property
-    def qk_head_dim(self) -> int:
-        """N + P: a query's (and a decompressed key's) width per head."""
-        return self.qk_nope_head_dim + self.qk_rope_head_dim
-
-    @property
-    def cache_width(self) -> int:
-        """C + P: what one token costs the cache per layer (one shared latent, not H keys and values)."""
-        return self.kv_lora_rank + self.qk_rope_head_dim
-
-    def num_parameters(self, hidden_size: int, num_heads: int, bias: bool) -> int:
-        """Weights of one layer's attention: projections, the two latent norms, biases."""
-        D, H, Q, C = hidden_size, num_heads, self.q_lora_rank, self.kv_lora_rank
-        query = D * H * self.qk_head_dim if Q is None else D * Q + Q + Q * H * self.qk_head_dim
-        kv = D * self.cache_width + C + C * H * (self.qk_nope_head_dim + self.v_head_dim)
-        out = H * self.v_head_dim * D
-        biases = ((Q or 0) + self.cache_width + D) if bias else 0
-        return query + kv + out + biases
-
-
-@dataclass(frozen=True)
-class GroupedExperts:
-    """DeepSeek's mixture of experts: which layers have it, how tokens are routed, the expert sizes."""
-
-    num_experts: int  # n_routed_experts
-    experts_per_token: int  # num_experts_per_tok
-    expert_intermediate_size: int  # moe_intermediate_size
-    num_shared_experts: int  # n_shared_experts: one shared MLP of n_shared x moe_intermediate_size
-    num_groups: int  # n_group
-    groups_per_token: int  # topk_group
-    norm_topk_prob: bool
-    routed_scaling_factor: float
-    first_k_dense_replace: int  # layers 0 .. k-1 keep a dense MLP
-    moe_layer_freq: int = 1  # past them, every layer i with i % freq == 0 is sparse
-
-    def __post_init__(self) -> None:
-        for name in ("num_experts", "experts_per_token", "expert_intermediate_size", "num_groups", "groups_per_token"):
-            check_size(getattr(self, name), name)
-        check_size(self.moe_layer_freq, "moe_layer_freq")
-        check_number(self.routed_scaling_factor, "routed_scaling_factor", positive=True)
-        if self.num_shared_experts < 0 or self.first_k_dense_replace < 0:
-            raise ConfigError(
-                f"n_shared_experts and first_k_dense_replace must be >= 0;"
-                f" got {self.num_shared_experts} and {self.first_k_dense_replace}"
-            )
-        if self.num_experts % self.num_groups:
-            raise ConfigError(f"n_routed_experts ({self.num_experts}) must be a multiple of n_group ({self.num_groups})")
-        group_size = self.num_experts // self.num_groups
-        if group_size < 2:
-            raise ConfigError(f"each expert group needs 2 experts (groups score by their top 2); got {group_size}")
-        if self.groups_per_token > self.num_groups:
-            raise ConfigError(f"topk_group ({self.groups_per_token}) must be at most n_group ({self.num_groups})")
-        if self.experts_per_token > self.groups_per_token * group_size:
-            raise ConfigError(
-                f"num_experts_per_tok ({self.experts_per_token}) exceeds the {self.groups_per_token * group_size}"
-                " experts of the chosen groups"
-            )
-
-    def is_sparse(self, layer: int) -> bool:
-        """Whether ``layer`` has experts (else a dense MLP of intermediate_size)."""
-        return layer >= self.first_k_dense_replace and layer % self.moe_layer_freq == 0
-
-    def mlp_parameters(self, hidden_size: int, active: bool) -> int:
-        """Weights of one sparse layer: the router and its bias, the routed experts (``active``: only the
-        experts_per_token a token runs), the shared experts every token runs."""
-        D, F = hidden_size, self.expert_intermediate_size
-        routed = self.experts_per_token if active else self.num_experts
-        return self.num_experts * (D + 1) + (routed + self.num_shared_experts) * 3 * D * F
+EXPERTS = ExpertNames(correction_bias="mlp.gate.e_score_correction_bias", shared="mlp.shared_experts.")
 
 
 def yarn_mscale(factor: float, mscale: float) -> float:
@@ -136,18 +67,23 @@ def _count(keys: HFKeys, key: str) -> int:
 def read_deepseek_v3(keys: HFKeys) -> dict[str, Any]:
     common = common_fields(keys)
     q_lora_rank = keys.get("q_lora_rank")
-    latent = LatentAttention(
+    qk_nope_head_dim, qk_rope_head_dim = keys.size("qk_nope_head_dim"), keys.size("qk_rope_head_dim")
+    rope = single_rope(keys)
+    attention = LatentAttention(
+        num_heads=keys.size("num_attention_heads"),
         q_lora_rank=None if q_lora_rank is None else keys.size("q_lora_rank"),
         kv_lora_rank=keys.size("kv_lora_rank"),
-        qk_nope_head_dim=keys.size("qk_nope_head_dim"),
-        qk_rope_head_dim=keys.size("qk_rope_head_dim"),
+        qk_nope_head_dim=qk_nope_head_dim,
+        qk_rope_head_dim=qk_rope_head_dim,
         v_head_dim=keys.size("v_head_dim"),
+        scale=softmax_scale(qk_nope_head_dim + qk_rope_head_dim, rope),
+        bias=bool(keys.get("attention_bias", False)),
         rope_interleave=bool(keys.get("rope_interleave", True)),
     )
     experts = GroupedExperts(
         num_experts=keys.size("n_routed_experts"),
         experts_per_token=keys.size("num_experts_per_tok"),
-        expert_intermediate_size=keys.size("moe_intermediate_size"),
+        moe_intermediate_size=keys.size("moe_intermediate_size"),
         num_shared_experts=_count(keys, "n_shared_experts"),
         num_groups=keys.size("n_group", 1),
         groups_per_token=keys.size("topk_group", 1),
@@ -156,20 +92,66 @@ def read_deepseek_v3(keys: HFKeys) -> dict[str, Any]:
         first_k_dense_replace=_count(keys, "first_k_dense_replace"),
         moe_layer_freq=keys.size("moe_layer_freq", 1),
     )
-    rope = single_rope(keys)
-    bias = bool(keys.get("attention_bias", False))
-    # head_dim is what RoPE rotates (as transformers sets it); keys and values live in the latent
-    common |= dict(num_key_value_heads=common["num_attention_heads"], head_dim=latent.qk_rope_head_dim)
     return dict(
         **common,
-        qkv_bias=bias,
-        o_proj_bias=bias,
-        attention_scale=softmax_scale(latent.qk_head_dim, rope),
+        attention=attention,
+        mlp=gated_mlp(keys),
+        norms=rms_norms(keys),
+        experts=experts,
         rope={FULL_ATTENTION: rope},
-        latent_attention=latent,
-        grouped_experts=experts,
         unused_layers=_count(keys, "num_nextn_predict_layers"),
     )
+
+
+def layer_tensors(c, layer: int, layout: str | None = None) -> list[Tensor]:
+    """Latent attention; the dense MLP in the first layers, then routed and shared experts; Llama's norms."""
+    mlp = sparse_layer_tensors(c, layout, EXPERTS) if c.is_sparse(layer) else dense_mlp_tensors(c)
+    return latent_attention_tensors(c) + mlp + norm_tensors(c, PRE_NORMS)
+
+
+def latent_attention_tensors(c) -> list[Tensor]:
+    """Latent attention's projections and norms (letters as in refllm/nn/latent_attention.py), the rows
+    that make RoPE's dims reordered to rotate-half when the checkpoint interleaves them."""
+    a, D = c.attention, c.hidden_size
+    H, Q, C = a.num_heads, a.q_lora_rank, a.kv_lora_rank
+    q_rows = _rope_rows(a.qk_head_dim, a.qk_rope_head_dim, H, a.rope_interleave)
+    kv_rows = _rope_rows(a.cache_width, a.qk_rope_head_dim, 1, a.rope_interleave)
+
+    def rotate_half(rows: np.ndarray):
+        return lambda tensor: tensor[rows]
+
+    if Q is None:
+        tensors = [one("self_attn.q_proj.weight", (H * a.qk_head_dim, D), "attention.q_proj", rotate_half(q_rows))]
+    else:
+        tensors = [
+            one("self_attn.q_a_proj.weight", (Q, D), "attention.q_a_proj"),
+            one("self_attn.q_a_layernorm.weight", (Q,), "attention.q_a_layernorm"),
+            one("self_attn.q_b_proj.weight", (H * a.qk_head_dim, Q), "attention.q_b_proj", rotate_half(q_rows)),
+        ]
+    kv_a = "attention.kv_a_proj_with_mqa"
+    tensors += [
+        one("self_attn.kv_a_proj_with_mqa.weight", (a.cache_width, D), kv_a, rotate_half(kv_rows)),
+        one("self_attn.kv_a_layernorm.weight", (C,), "attention.kv_a_layernorm"),
+        one("self_attn.kv_b_proj.weight", (H * (a.qk_nope_head_dim + a.v_head_dim), C), "attention.kv_b_proj"),
+        one("self_attn.o_proj.weight", (D, H * a.v_head_dim), "attention.o_proj"),
+    ]
+    if a.bias:
+        tensors += [
+            one("self_attn.kv_a_proj_with_mqa.bias", (a.cache_width,), f"{kv_a}_bias", rotate_half(kv_rows)),
+            one("self_attn.o_proj.bias", (D,), "attention.o_proj_bias"),
+        ]
+        if Q is not None:
+            tensors.append(one("self_attn.q_a_proj.bias", (Q,), "attention.q_a_proj_bias"))
+    return tensors
+
+
+def _rope_rows(width: int, rope_dim: int, heads: int, interleaved: bool) -> np.ndarray:
+    """Row order that turns each block of ``width`` rows, its last ``rope_dim`` interleaved, into rotate-half."""
+    within = np.arange(width)
+    if interleaved:
+        start = width - rope_dim
+        within[start:] = start + np.concatenate([np.arange(0, rope_dim, 2), np.arange(1, rope_dim, 2)])
+    return (np.arange(heads)[:, None] * width + within).ravel()
 
 
 # Latent attention and grouped experts, tiny; transformers' latent attention needs K = H.
@@ -189,4 +171,8 @@ TINY = dict(
     routed_scaling_factor=2.5,
     first_k_dense_replace=1,
 )
-ARCHITECTURES = (Architecture("deepseek_v3", read_deepseek_v3, "DeepseekV3ForCausalLM", tiny_config=TINY),)
+ARCHITECTURES = (
+    Architecture(
+        "deepseek_v3", read_deepseek_v3, layer_tensors, "DeepseekV3ForCausalLM", tiny_config=TINY, experts=EXPERTS
+    ),
+)

@@ -2,8 +2,8 @@
 
 A family module (``refllm/families/<name>.py``) holds everything refllm knows of
 one family of models: for each Hugging Face ``model_type`` an ``Architecture``
-(its config.json reader, the transformers class that builds it, a tiny config
-for tests), and for each GGUF ``general.architecture`` llama.cpp writes it as a
+(its config.json reader, its tensor table, the transformers class that builds
+it, a tiny config for tests), and for each GGUF ``general.architecture`` llama.cpp writes it as a
 ``GgufArchitecture`` (the config.json keys its metadata implies, its tensor
 names, and what llama.cpp's converter did to the tensors). The registry
 (``refllm/families/__init__.py``) collects them.
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from refllm.families.keys import HFKeys
+from refllm.families.tables import ExpertNames, Tensor
 
 
 @dataclass(frozen=True)
@@ -24,11 +25,14 @@ class Architecture:
 
     model_type: str
     read: Callable[[HFKeys], dict[str, Any]]  # config.json -> ModelConfig's fields
+    # (ModelConfig, layer, experts' layout) -> the layer's tensors: its table (refllm/families/tables.py)
+    layer_tensors: Callable[[Any, int, str | None], list[Tensor]]
     hf_class: str  # the transformers causal-LM class, config.json's "architectures"
     # Keys over the oracle kit's shared tiny base (refllm/testing/configs.py) that switch on what the
     # family does differently; a "sliding_window" here takes the window the kit asks for. None: the
     # model type has no tiny config of its own (Gemma 3's multimodal wrapper).
     tiny_config: dict[str, Any] | None = None
+    experts: ExpertNames | None = None  # where its files put a sparse layer's tensors
 
 
 @dataclass(frozen=True)

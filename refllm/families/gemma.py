@@ -1,10 +1,16 @@
-"""Gemma 2 and Gemma 3: config.json to ``ModelConfig`` fields, and llama.cpp's gemma2/gemma3 files.
+"""Gemma 2 and Gemma 3: config.json to ``ModelConfig`` fields, their tensors, and llama.cpp's gemma2/gemma3 files.
+
+    x -> embed * sqrt(D) -> for each layer:
+             x = x + rms_norm(attention(rms_norm(x)))     sandwich norms, (1 + w) weights
+             x = x + rms_norm(mlp(rms_norm(x)))           GeGLU: down(gelu_tanh(gate(x)) * up(x))
+      -> rms_norm -> LM head -> (soft-cap) -> logits
 
 Both scale embeddings by sqrt(D), store RMSNorm weights as w - 1 and apply (1 + w),
-wrap attention and the MLP in sandwich norms (one before, one after each), and
-alternate sliding-window and global layers. Gemma 2 soft-caps attention scores
-and logits; Gemma 3 replaced the attention cap with a per-head q/k norm and gives
-its sliding layers a RoPE base of their own.
+wrap attention and the MLP in sandwich norms (one before, one after each), scale
+queries by query_pre_attn_scalar^-0.5, and alternate sliding-window and global
+layers. Gemma 2 soft-caps attention scores and logits; Gemma 3 replaced the
+attention cap with a per-head q/k norm and gives its sliding layers a RoPE base
+of their own.
 
 GGUF files of either family leave out the layer pattern, the query scale and (Gemma
 3) the local RoPE base: llama.cpp fixes them in code (``src/llama-model.cpp``), from
@@ -20,7 +26,17 @@ from typing import Any
 from refllm.config_checks import check_number
 from refllm.errors import ConfigError
 from refllm.families.family import Architecture, GgufArchitecture, GgufFacts
-from refllm.families.keys import HFKeys, common_fields, rope_for_types, single_rope
+from refllm.families.keys import (
+    HFKeys,
+    common_fields,
+    gated_mlp,
+    grouped_query_attention,
+    rms_norms,
+    rope_for_types,
+    single_rope,
+)
+from refllm.families.tables import SANDWICH_NORMS, Tensor, attention_tensors, dense_mlp_tensors, norm_tensors
+from refllm.recipe import NormPlacement, QKNorm
 from refllm.rope_parameters import FULL_ATTENTION, SLIDING_ATTENTION, RopeParameters
 
 GEMMA3_GLOBAL_ROPE_THETA = 1_000_000.0
@@ -36,22 +52,21 @@ GEMMA3_27B_LAYERS = 62
 GEMMA2_27B_LAYERS = 46
 
 
-def _gemma_fields(keys: HFKeys) -> dict[str, Any]:
-    """What Gemma 2 and 3 share: (1 + w) norms, sqrt(D) embeddings, sandwich norms, a query scale of their own."""
+def _gemma_fields(keys: HFKeys, **attention: Any) -> dict[str, Any]:
+    """What Gemma 2 and 3 share: (1 + w) sandwich norms, sqrt(D) embeddings, GeGLU, a query scale of their own."""
     common = common_fields(keys)
-    common["hidden_act"] = keys.get("hidden_activation", keys.get("hidden_act", "gelu_pytorch_tanh"))
     common["tie_word_embeddings"] = bool(keys.get("tie_word_embeddings", True))
     bias = bool(keys.get("attention_bias", False))
+    scalar = check_number(
+        keys.get("query_pre_attn_scalar", GEMMA_QUERY_PRE_ATTN_SCALAR), "query_pre_attn_scalar", positive=True
+    )
+    activation = keys.get("hidden_activation", keys.get("hidden_act", "gelu_pytorch_tanh"))
     return dict(
         **common,
-        qkv_bias=bias,
-        o_proj_bias=bias,
-        norm_weight_offset=1.0,
+        attention=grouped_query_attention(keys, bias=bias, output_bias=bias, scale=scalar**-0.5, **attention),
+        mlp=gated_mlp(keys, activation=activation),
+        norms=rms_norms(keys, NormPlacement.SANDWICH, weight_offset=1.0),
         embedding_scale=math.sqrt(common["hidden_size"]),
-        sandwich_norms=True,
-        attention_scale=check_number(
-            keys.get("query_pre_attn_scalar", GEMMA_QUERY_PRE_ATTN_SCALAR), "query_pre_attn_scalar", positive=True
-        ) ** -0.5,
     )
 
 
@@ -70,11 +85,11 @@ def _softcap(keys: HFKeys, key: str, default: float) -> float | None:
 
 
 def read_gemma2(keys: HFKeys) -> dict[str, Any]:
-    fields = _gemma_fields(keys)
+    softcap = _softcap(keys, "attn_logit_softcapping", GEMMA2_ATTN_LOGIT_SOFTCAPPING)
+    fields = _gemma_fields(keys, softcap=softcap)
     layer_types = _layer_types(keys, fields["num_hidden_layers"], GEMMA2_SLIDING_WINDOW_PATTERN)
     return dict(
         **fields,
-        attn_logit_softcapping=_softcap(keys, "attn_logit_softcapping", GEMMA2_ATTN_LOGIT_SOFTCAPPING),
         final_logit_softcapping=_softcap(keys, "final_logit_softcapping", GEMMA2_FINAL_LOGIT_SOFTCAPPING),
         # the first Gemma 2 configs spell the window sliding_window_size as well
         sliding_window=keys.get("sliding_window", keys.get("sliding_window_size", 4096)),
@@ -84,7 +99,9 @@ def read_gemma2(keys: HFKeys) -> dict[str, Any]:
 
 
 def read_gemma3_text(keys: HFKeys) -> dict[str, Any]:
-    fields = _gemma_fields(keys)
+    # Gemma 3 replaced Gemma 2's attention soft-capping with q/k norm; transformers'
+    # Gemma 3 ignores attn_logit_softcapping, and so does refllm.
+    fields = _gemma_fields(keys, qk_norm=QKNorm.PER_HEAD)
     layer_types = _layer_types(keys, fields["num_hidden_layers"], GEMMA3_SLIDING_WINDOW_PATTERN)
     max_pos = fields["max_position_embeddings"]
     parameters = keys.get("rope_parameters")
@@ -103,10 +120,6 @@ def read_gemma3_text(keys: HFKeys) -> dict[str, Any]:
     }
     return dict(
         **fields,
-        qk_norm=True,
-        # Gemma 3 replaced Gemma 2's attention soft-capping with q/k norm; transformers'
-        # Gemma 3 ignores attn_logit_softcapping, and so does refllm.
-        attn_logit_softcapping=None,
         final_logit_softcapping=keys.get("final_logit_softcapping"),
         sliding_window=keys.get("sliding_window", 4096),
         layer_types=layer_types,
@@ -159,8 +172,14 @@ def gemma2_file(facts: GgufFacts) -> dict[str, Any]:
     return _gemma_file(facts, GEMMA2_SLIDING_WINDOW_PATTERN, GEMMA2_27B_LAYERS) | {"model_type": "gemma2"}
 
 
-# The sandwich norms: post_attention_layernorm follows attention, and the pre-MLP norm (GGUF's
-# ffn_norm, Llama's post_attention_layernorm) is pre_feedforward_layernorm.
+def layer_tensors(c, layer: int, layout: str | None = None) -> list[Tensor]:
+    """The sandwich norms: input_layernorm and post_attention_layernorm around attention,
+    pre_feedforward_layernorm and post_feedforward_layernorm around the MLP."""
+    return attention_tensors(c) + dense_mlp_tensors(c) + norm_tensors(c, SANDWICH_NORMS)
+
+
+# The sandwich norms' GGUF names: post_attention_norm follows attention, and the pre-MLP norm (ffn_norm,
+# Llama's post_attention_layernorm) is pre_feedforward_layernorm.
 SANDWICH_NORM_NAMES = {
     "ffn_norm": "pre_feedforward_layernorm",
     "post_attention_norm": "post_attention_layernorm",
@@ -171,13 +190,15 @@ ARCHITECTURES = (
     Architecture(
         "gemma3_text",
         read_gemma3_text,
+        layer_tensors,
         "Gemma3ForCausalLM",
         tiny_config=dict(head_dim=8, sliding_window=5, layer_types=["sliding_attention", "full_attention"]),
     ),
-    Architecture("gemma3", read_gemma3, "Gemma3ForConditionalGeneration"),
+    Architecture("gemma3", read_gemma3, layer_tensors, "Gemma3ForConditionalGeneration"),
     Architecture(
         "gemma2",
         read_gemma2,
+        layer_tensors,
         "Gemma2ForCausalLM",
         # caps low enough that tiny random scores and logits reach them
         tiny_config=dict(

@@ -1,8 +1,9 @@
 """Qwen2 and Qwen3: config.json to ``ModelConfig`` fields, and llama.cpp's qwen2/qwen3 files.
 
-Qwen2 is Llama with q/k/v biases and an optional sliding window over the layers
-past ``max_window_layers``; Qwen3 drops the biases for a per-head RMSNorm of
-queries and keys. llama.cpp stores them as Hugging Face has them.
+Llama's recipe and tensors (``refllm/families/llama.py``). Qwen2 adds biases to
+the q/k/v projections and an optional sliding window over the layers past
+``max_window_layers``; Qwen3 drops the biases for a per-head RMSNorm of queries
+and keys before RoPE. llama.cpp stores them as Hugging Face has them.
 """
 
 from __future__ import annotations
@@ -10,7 +11,18 @@ from __future__ import annotations
 from typing import Any
 
 from refllm.families.family import Architecture, GgufArchitecture
-from refllm.families.keys import HFKeys, common_fields, rope_for_types, single_rope, window_layer_types
+from refllm.families.keys import (
+    HFKeys,
+    common_fields,
+    gated_mlp,
+    grouped_query_attention,
+    rms_norms,
+    rope_for_types,
+    single_rope,
+    window_layer_types,
+)
+from refllm.families.llama import layer_tensors
+from refllm.recipe import QKNorm
 from refllm.rope_parameters import SLIDING_ATTENTION
 
 
@@ -18,13 +30,16 @@ def read_qwen(keys: HFKeys) -> dict[str, Any]:
     # use_sliding_window: false makes the sliding_window value inert.
     window = keys.get("sliding_window") if keys.get("use_sliding_window", False) else None
     layer_types = window_layer_types(keys, window, int(keys.get("max_window_layers", 28)))
-    is_qwen3 = keys.require("model_type") == "qwen3"
-    qwen3_bias = bool(keys.get("attention_bias", False))
+    if keys.require("model_type") == "qwen3":
+        bias = bool(keys.get("attention_bias", False))
+        attention = grouped_query_attention(keys, bias=bias, output_bias=bias, qk_norm=QKNorm.PER_HEAD)
+    else:  # Qwen2: q/k/v biases, none on the output projection
+        attention = grouped_query_attention(keys, bias=True)
     return dict(
         **common_fields(keys),
-        qkv_bias=qwen3_bias if is_qwen3 else True,
-        o_proj_bias=qwen3_bias if is_qwen3 else False,
-        qk_norm=is_qwen3,
+        attention=attention,
+        mlp=gated_mlp(keys),
+        norms=rms_norms(keys),
         sliding_window=window if SLIDING_ATTENTION in layer_types else None,
         layer_types=layer_types,
         rope=rope_for_types(layer_types, single_rope(keys)),
@@ -35,10 +50,11 @@ ARCHITECTURES = (
     Architecture(
         "qwen2",
         read_qwen,
+        layer_tensors,
         "Qwen2ForCausalLM",
         tiny_config=dict(use_sliding_window=True, sliding_window=5, max_window_layers=1),
     ),
-    Architecture("qwen3", read_qwen, "Qwen3ForCausalLM", tiny_config=dict(head_dim=12)),
+    Architecture("qwen3", read_qwen, layer_tensors, "Qwen3ForCausalLM", tiny_config=dict(head_dim=12)),
 )
 GGUF = (
     GgufArchitecture("qwen2", lambda facts: {"model_type": "qwen2"}),

@@ -10,11 +10,24 @@ from __future__ import annotations
 from typing import Any
 
 from refllm.errors import ConfigError
-from refllm.families.experts import gguf_moe_keys, routed_layers
+from refllm.families.experts import gguf_moe_keys, routed_layers, sparse_layer_tensors
 from refllm.families.family import Architecture, GgufArchitecture, GgufFacts
-from refllm.families.keys import HFKeys, common_fields, expert_count, rope_for_types, single_rope
+from refllm.families.keys import (
+    HFKeys,
+    common_fields,
+    expert_count,
+    gated_mlp,
+    grouped_query_attention,
+    rms_norms,
+    rope_for_types,
+    single_rope,
+)
+from refllm.families.tables import PRE_NORMS, ExpertNames, Tensor, attention_tensors, dense_mlp_tensors, norm_tensors
+from refllm.recipe import QKNorm
 from refllm.moe_parameters import SOFTMAX_THEN_TOPK, MoeParameters
 from refllm.rope_parameters import FULL_ATTENTION, SLIDING_ATTENTION
+
+EXPERTS = ExpertNames()  # mlp.gate, mlp.experts.{e}.gate_proj / up_proj / down_proj
 
 
 def read_qwen3_moe(keys: HFKeys) -> dict[str, Any]:
@@ -28,13 +41,13 @@ def read_qwen3_moe(keys: HFKeys) -> dict[str, Any]:
     bias = bool(keys.get("attention_bias", False))
     return dict(
         **common,
-        qkv_bias=bias,
-        o_proj_bias=bias,
-        qk_norm=True,
+        attention=grouped_query_attention(keys, bias=bias, output_bias=bias, qk_norm=QKNorm.PER_HEAD),
+        mlp=gated_mlp(keys),
+        norms=rms_norms(keys),
         sliding_window=window,
         layer_types=layer_types,
         rope=rope_for_types(layer_types, single_rope(keys)),
-        moe=MoeParameters(
+        experts=MoeParameters(
             num_experts=expert_count(keys),
             experts_per_token=keys.size("num_experts_per_tok", 8),
             moe_intermediate_size=keys.size("moe_intermediate_size", 768),
@@ -44,6 +57,12 @@ def read_qwen3_moe(keys: HFKeys) -> dict[str, Any]:
             decoder_sparse_step=keys.size("decoder_sparse_step", 1),
         ),
     )
+
+
+def layer_tensors(c, layer: int, layout: str | None = None) -> list[Tensor]:
+    """Qwen3's attention and norms; a mixture of experts in the sparse layers, the dense MLP in the others."""
+    mlp = sparse_layer_tensors(c, layout, EXPERTS) if c.is_sparse(layer) else dense_mlp_tensors(c)
+    return attention_tensors(c) + mlp + norm_tensors(c, PRE_NORMS)
 
 
 def qwen3moe_file(facts: GgufFacts) -> dict[str, Any]:
@@ -63,10 +82,12 @@ ARCHITECTURES = (
     Architecture(
         "qwen3_moe",
         read_qwen3_moe,
+        layer_tensors,
         "Qwen3MoeForCausalLM",
         tiny_config=dict(
             head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, mlp_only_layers=[1]
         ),
+        experts=EXPERTS,
     ),
 )
 GGUF = (GgufArchitecture("qwen3moe", qwen3moe_file),)

@@ -202,13 +202,13 @@ class GGUFSource:
     # ---- what llama.cpp's converter changed ----
 
     def _undo_conversion(self, name: str, weights: np.ndarray) -> np.ndarray:
-        c = self.config
+        attention = self.config.attention
         if self.family.permuted_qk:
             # LlamaModel.modify_tensors permutes q_proj (weight and bias) with H heads and k_proj with K.
             if ".self_attn.q_proj." in name:
-                return self._unpermuted(name, weights, c.num_attention_heads)
+                return self._unpermuted(name, weights, attention.num_heads)
             if ".self_attn.k_proj." in name:
-                return self._unpermuted(name, weights, c.num_key_value_heads)
+                return self._unpermuted(name, weights, attention.num_kv_heads)
         if self.family.norms_plus_one and name.endswith("norm.weight"):
             # Gemma3Model.modify_tensors (and Gemma2Model's) adds 1 to every tensor named *norm.weight (the layer norms,
             # q_norm, k_norm and the final norm) so llama.cpp can multiply by w; refllm applies (1 + w).
@@ -216,7 +216,8 @@ class GGUFSource:
         return weights
 
     def _unpermuted(self, name: str, weights: np.ndarray, n_heads: int) -> np.ndarray:
-        rows, head_dim = n_heads * self.config.head_dim, self.config.head_dim
+        head_dim = self.config.attention.head_dim
+        rows = n_heads * head_dim
         if weights.shape[0] != rows or head_dim % 2:
             raise GGUFFileError(
                 f"{self.where(name)} has shape {weights.shape}; {n_heads} heads of an even head dim"

@@ -1,6 +1,6 @@
 """The two op sets a forward pass can be built from: the spec and its kernel twins.
 
-``LlamaFamilyModel``'s forward pass calls every operation through an ``OpSet``:
+``DecoderModel``'s forward pass calls every operation through an ``OpSet``:
 
     spec  the functions of ``refllm/nn``, exactly: plain NumPy in the dtype of
           the weights (float32, or float64 for ground truth), no Numba, no

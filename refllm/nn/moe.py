@@ -98,13 +98,16 @@ def mixture_of_experts(
     route: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]],
     expert_mlp: Callable[[np.ndarray, MLPWeights], np.ndarray] = gated_mlp,
     linear: Callable = linear,
+    shared: MLPWeights | None = None,
 ) -> np.ndarray:
     """x: [..., D] (normed) -> [..., D]: each token routed to its experts, their outputs mixed.
 
     router: [X, D] (and router_bias [X]); route: router logits [T, X] -> (expert_ids [T, k],
     expert_weights [T, k]), a routing above with its settings bound; expert_mlp: as ``experts_forward``'s;
-    linear: the router's projection.
+    linear: the router's projection; shared: DeepSeek-V3's shared experts, one MLP every token runs,
+    added to the mixture.
     """
     rows = x.reshape(-1, x.shape[-1])  # [T, D]: routing is per token
     expert_ids, expert_weights = route(linear(rows, router, router_bias))
-    return experts_forward(rows, expert_ids, expert_weights, experts, expert_mlp).reshape(x.shape)
+    mixed = experts_forward(rows, expert_ids, expert_weights, experts, expert_mlp).reshape(x.shape)
+    return mixed if shared is None else mixed + expert_mlp(x, shared)
