@@ -24,13 +24,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from refllm.config_checks import check_fields
+from refllm.config_checks import MAX_LAYERS, check_fields, check_layer_indices, check_layer_types, check_layers
 from refllm.errors import ConfigError
 from refllm.families import MODEL_TYPES, parameter_count
 from refllm.families.keys import HFKeys
 from refllm.moe_parameters import GroupedExperts, MoeParameters
 from refllm.recipe import ACTIVATIONS, GatedMLP, GroupedQueryAttention, LatentAttention, Norms, QKNorm
-from refllm.rope_parameters import FULL_ATTENTION, ROPE_TYPES, SLIDING_ATTENTION, RopeParameters
+from refllm.rope_parameters import FULL_ATTENTION, LAYER_TYPES, ROPE_TYPES, SLIDING_ATTENTION, RopeParameters
 
 __all__ = [
     "ACTIVATIONS", "FULL_ATTENTION", "ROPE_TYPES", "SLIDING_ATTENTION", "SUPPORTED_MODEL_TYPES",
@@ -80,13 +80,9 @@ class ModelConfig:
         check_fields(self)  # before anything is built per layer
         if not self.layer_types:
             object.__setattr__(self, "layer_types", (FULL_ATTENTION,) * self.num_hidden_layers)
-        if len(self.layer_types) != self.num_hidden_layers:
-            raise ConfigError(
-                f"layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} layers"
-            )
-        for layer in self.nope_layers:
-            if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.num_hidden_layers:
-                raise ConfigError(f"nope_layers holds {layer!r:.30}, not a layer of 0 .. {self.num_hidden_layers - 1}")
+        check_layers(self, LAYER_TYPES)
+        if isinstance(self.experts, MoeParameters):
+            check_layer_indices(self.experts.mlp_only_layers, "mlp_only_layers", self.num_hidden_layers)
         for layer_type in set(self.layer_types):
             if layer_type not in self.rope:
                 raise ConfigError(f"no rope parameters for layer type {layer_type!r}")
@@ -175,7 +171,11 @@ class ModelConfig:
                 f"unsupported model_type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
         try:
-            return cls(**MODEL_TYPES[model_type].read(HFKeys(config)))
+            keys = HFKeys(config)
+            if keys.items("layer_types") is not None:  # even where the family derives its own
+                layers = keys.size("num_hidden_layers", high=MAX_LAYERS)
+                check_layer_types(keys.items("layer_types"), LAYER_TYPES, layers)
+            return cls(**MODEL_TYPES[model_type].read(keys))
         except ConfigError:
             raise
         except (TypeError, ValueError, AttributeError, OverflowError, ZeroDivisionError) as error:

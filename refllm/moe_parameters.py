@@ -9,12 +9,37 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from refllm.config_checks import check_number, check_size
+from refllm.config_checks import COUNT, OPTIONAL_POSITIVE, POSITIVE, SIZE, check_bounds
 from refllm.errors import ConfigError
 
 SOFTMAX_THEN_TOPK = "softmax_then_topk"  # Mixtral, Qwen3-MoE
 TOPK_THEN_SOFTMAX = "topk_then_softmax"  # gpt-oss
 ROUTINGS = (SOFTMAX_THEN_TOPK, TOPK_THEN_SOFTMAX)
+
+MOE_BOUNDS = {
+    "num_experts": SIZE,  # ``refllm/families/experts.py`` holds it against the tensors before building per expert
+    "experts_per_token": SIZE,
+    "moe_intermediate_size": SIZE,
+    "decoder_sparse_step": SIZE,
+    "swiglu_limit": OPTIONAL_POSITIVE,
+    "swiglu_alpha": POSITIVE,
+}
+_KEYS = {"experts_per_token": "num_experts_per_tok"}  # config.json keys that differ from the field names
+GROUPED_BOUNDS = {
+    "num_experts": SIZE,
+    "experts_per_token": SIZE,
+    "moe_intermediate_size": SIZE,
+    "num_shared_experts": COUNT,
+    "num_groups": SIZE,
+    "groups_per_token": SIZE,
+    "routed_scaling_factor": POSITIVE,
+    "first_k_dense_replace": COUNT,
+    "moe_layer_freq": SIZE,
+}
+_GROUPED_KEYS = {
+    "num_experts": "n_routed_experts", "experts_per_token": "num_experts_per_tok",
+    "num_shared_experts": "n_shared_experts", "num_groups": "n_group", "groups_per_token": "topk_group",
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -36,19 +61,13 @@ class MoeParameters:
     decoder_sparse_step: int = 1
 
     def __post_init__(self) -> None:
-        check_size(self.num_experts, "num_experts")
-        check_size(self.experts_per_token, "num_experts_per_tok")
-        check_size(self.moe_intermediate_size, "moe_intermediate_size")
-        check_size(self.decoder_sparse_step, "decoder_sparse_step")
+        check_bounds(self, MOE_BOUNDS, keys=_KEYS)
         if self.experts_per_token > self.num_experts:
             raise ConfigError(
                 f"num_experts_per_tok ({self.experts_per_token}) is more than the {self.num_experts} experts"
             )
         if self.routing not in ROUTINGS:
             raise ConfigError(f"unknown routing {self.routing!r}; known: {', '.join(ROUTINGS)}")
-        if self.swiglu_limit is not None:
-            check_number(self.swiglu_limit, "swiglu_limit", positive=True)
-        check_number(self.swiglu_alpha, "swiglu_alpha")
 
     def is_sparse(self, layer: int) -> bool:
         """Whether ``layer`` runs the experts (else a dense MLP of ``intermediate_size``)."""
@@ -71,15 +90,7 @@ class GroupedExperts:
     moe_layer_freq: int = 1  # past them, every layer i with i % freq == 0 is sparse
 
     def __post_init__(self) -> None:
-        for name in ("num_experts", "experts_per_token", "moe_intermediate_size", "num_groups", "groups_per_token"):
-            check_size(getattr(self, name), name)
-        check_size(self.moe_layer_freq, "moe_layer_freq")
-        check_number(self.routed_scaling_factor, "routed_scaling_factor", positive=True)
-        if self.num_shared_experts < 0 or self.first_k_dense_replace < 0:
-            raise ConfigError(
-                f"n_shared_experts and first_k_dense_replace must be >= 0;"
-                f" got {self.num_shared_experts} and {self.first_k_dense_replace}"
-            )
+        check_bounds(self, GROUPED_BOUNDS, keys=_GROUPED_KEYS)
         if self.num_experts % self.num_groups:
             raise ConfigError(
                 f"n_routed_experts ({self.num_experts}) must be a multiple of n_group ({self.num_groups})"

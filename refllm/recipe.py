@@ -17,10 +17,34 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from refllm.config_checks import check_number, check_size
+from refllm.config_checks import FINITE, OPTIONAL_POSITIVE, POSITIVE, SIZE, Bound, check_bounds
 from refllm.errors import ConfigError
 
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # config.json's hidden_act; the functions: refllm/nn/mlp.py
+
+# What each part's fields may hold (``refllm/config_checks.py``), named by their config.json keys.
+NORMS_BOUNDS = {"eps": Bound(float, 0, 1, above=True), "weight_offset": FINITE}
+ATTENTION_BOUNDS = {
+    "num_heads": SIZE,
+    "num_kv_heads": SIZE,
+    "head_dim": SIZE,
+    "scale": OPTIONAL_POSITIVE,  # None: head_dim ** -0.5
+    "softcap": OPTIONAL_POSITIVE,
+}
+_ATTENTION_KEYS = {
+    "num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads", "scale": "attention scale",
+    "softcap": "attn_logit_softcapping",
+}  # fmt: skip
+LATENT_BOUNDS = {
+    "num_heads": SIZE,
+    "q_lora_rank": Bound(int, 1, SIZE.high, optional=True),  # None: one plain q_proj
+    "kv_lora_rank": SIZE,
+    "qk_nope_head_dim": SIZE,
+    "qk_rope_head_dim": SIZE,
+    "v_head_dim": SIZE,
+    "scale": POSITIVE,
+}
+MLP_BOUNDS = {"intermediate_size": SIZE}
 
 
 class NormPlacement(Enum):
@@ -57,7 +81,8 @@ class Norms:
     weight_offset: float = 0.0  # Gemma stores RMSNorm weights as w - 1 and applies (1 + w)
 
     def __post_init__(self) -> None:
-        check_number(self.eps, "rms_norm_eps" if self.kind is NormKind.RMS else "layer_norm_eps", positive=True)
+        eps_key = "rms_norm_eps" if self.kind is NormKind.RMS else "layer_norm_eps"
+        check_bounds(self, NORMS_BOUNDS, keys={"eps": eps_key})
 
 
 @dataclass(frozen=True)
@@ -75,9 +100,7 @@ class GroupedQueryAttention:
     sinks: bool = False  # a learned per-head logit in every softmax's denominator (gpt-oss)
 
     def __post_init__(self) -> None:
-        check_size(self.num_heads, "num_attention_heads")
-        check_size(self.num_kv_heads, "num_key_value_heads")
-        check_size(self.head_dim, "head_dim")
+        check_bounds(self, ATTENTION_BOUNDS, keys=_ATTENTION_KEYS)
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(
                 f"num_attention_heads ({self.num_heads}) must be a multiple of "
@@ -107,11 +130,7 @@ class LatentAttention:
     rope_interleave: bool = True  # the checkpoint pairs RoPE dims (2i, 2i+1); refllm permutes them at load
 
     def __post_init__(self) -> None:
-        check_size(self.num_heads, "num_attention_heads")
-        for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
-            check_size(getattr(self, name), name)
-        if self.q_lora_rank is not None:
-            check_size(self.q_lora_rank, "q_lora_rank")
+        check_bounds(self, LATENT_BOUNDS, keys={"num_heads": "num_attention_heads", "scale": "attention scale"})
         if self.qk_rope_head_dim % 2:
             raise ConfigError(f"qk_rope_head_dim must be even (RoPE rotates pairs); got {self.qk_rope_head_dim}")
 
@@ -140,6 +159,6 @@ class GatedMLP:
     bias: bool = False  # on the gate, up and down projections
 
     def __post_init__(self) -> None:
-        check_size(self.intermediate_size, "intermediate_size")
+        check_bounds(self, MLP_BOUNDS)
         if self.activation not in ACTIVATIONS:
             raise ConfigError(f"unsupported activation {self.activation!r}; supported: {', '.join(ACTIVATIONS)}")

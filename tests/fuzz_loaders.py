@@ -1,7 +1,9 @@
 """Hostile model files: small valid ones, mutated, loaded under a cap on memory and on time.
 
 Each case takes a seed (a tiny Llama as a GGUF file and as a Hugging Face directory,
-both with a tokenizer), changes some bytes or one field to a hostile value, and loads
+both with a tokenizer; or a tiny checkpoint of a newer family from tests/data/hf, as
+transformers' ``save_pretrained`` wrote it, one tensor per expert for Mixtral, Qwen3-MoE
+and DeepSeek-V3), changes some bytes or one field to a hostile value, and loads
 it with ``refllm.load_model``. It must load, or be refused with a ValueError or a
 KeyError; a MemoryError (past the cap of address space) or running past the time cap
 is a failure. tests/test_fuzz_loaders.py runs a few hundred cases in CI;
@@ -31,17 +33,20 @@ from hypothesis import strategies as st
 import refllm
 from refllm.io.gguf_header import map_file
 from refllm.io.safetensors import HFDirectorySource
+from tests.hf_fixtures import DATA
 from tests.test_cli import CHATML, write_tiny_model
 from tests.test_gguf_source import convert
 
 MEMORY_CAP = 512 << 20  # address space a case may add to the process
 TIME_CAP = 10.0  # seconds
 
-HOSTILE_INTEGERS = [0, 1, 3, 2**16 - 1, 2**26, 2**28, 2**31, 2**32 - 1, 2**40, 2**62, 2**63 - 1, 2**64 - 1]
+HOSTILE_INTEGERS = [0, 1, 3, 2**16 - 1, 10**7, 2**26, 2**28, 2**30, 2**31 - 1, 2**31, 2**32 - 1, 2**40, 2**62,
+                    2**63 - 1, 2**64 - 1]
 HOSTILE_VALUES = st.one_of(
     st.sampled_from(HOSTILE_INTEGERS),
-    st.sampled_from([-1, -(2**31), 0.0, -0.5, math.nan, math.inf, 1e308, True, False, None, "", "x", [], {}]),
-    st.lists(st.sampled_from([0, -1, 2**40, "a"]), max_size=4),
+    st.sampled_from([-1, -(2**31), 0.0, -0.5, 0.5, math.nan, math.inf, -math.inf, 1e308, 1e-320, True, False, None,
+                     "", "x", "banana", "chunked_attention", "yarn", [], {}]),
+    st.lists(st.sampled_from([0, -1, 1, 99, 2**40, "a", "full_attention", "banana"]), max_size=4),
     st.integers(1, 400).map(lambda depth: json.loads("[" * depth + "]" * depth)),  # deeper: a test of its own
 )
 GGUF_VALUES = st.one_of(  # what gguf's writer can store: scalars, and arrays of numbers or of strings
@@ -123,6 +128,7 @@ class Seeds:
     hf: Path  # config.json, model.safetensors, tokenizer.json, tokenizer_config.json
     gguf: Path  # the same model and tokenizer as llama.cpp's converter would write them
     gguf_header_bytes: int
+    families: dict[str, Path] = field(default_factory=dict)  # a tiny checkpoint of each of FAMILY_KEYS
 
 
 def make_seeds(directory: Path) -> Seeds:
@@ -130,7 +136,7 @@ def make_seeds(directory: Path) -> Seeds:
     path = convert(hf, directory / "tiny.gguf", more=functools.partial(_add_tokenizer, hf / "tokenizer.json"))
     mapped, header = map_file(path)
     mapped.close()
-    return Seeds(hf, path, header.data_offset)
+    return Seeds(hf, path, header.data_offset, {family: DATA / family for family in FAMILY_KEYS})
 
 
 def _add_tokenizer(tokenizer_file: Path, writer: gguf.GGUFWriter) -> None:
@@ -200,11 +206,12 @@ def _gguf_types(value: object, types: list | None) -> tuple:
 
 
 def with_json_field(path: Path, keys: tuple, value: object) -> None:
-    """The JSON file at ``path`` with the field at ``keys`` (dict keys and list indices) set to ``value``."""
+    """The JSON file at ``path`` with the field at ``keys`` (dict keys and list indices) set to ``value``;
+    a missing object on the way is added."""
     document = json.loads(path.read_text())
     holder = document
     for key in keys[:-1]:
-        holder = holder[key]
+        holder = holder.setdefault(key, {}) if isinstance(holder, dict) else holder[key]
     holder[keys[-1]] = value
     path.write_text(json.dumps(document))
 
@@ -244,7 +251,28 @@ GGUF_KEYS = ["llama.block_count", "llama.context_length", "llama.embedding_lengt
              "llama.rope.scaling.type", "general.alignment", "general.architecture", "tokenizer.ggml.model",
              "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
              "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.chat_template"]  # fmt: skip
+GGUF_KEYS += ["llama.expert_count", "llama.expert_used_count", "llama.rope.scaling.type", "llama.rope.scaling.factor",
+              "llama.rope.scaling.original_context_length", "llama.attention.sliding_window"]  # fmt: skip
 TENSOR_FIELDS = ["dtype", "shape", "data_offsets"]
+# The newer families' own config.json keys (beside CONFIG_KEYS); a tuple is a path into the RoPE settings.
+ROPE_KEYS = [("rope_parameters", key) for key in (
+    "rope_type", "rope_theta", "factor", "partial_rotary_factor", "low_freq_factor", "high_freq_factor",
+    "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+    "truncate")]  # fmt: skip
+EXPERT_KEYS = ["num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size"]
+FAMILY_KEYS = {
+    "gemma2": ["attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar", "sliding_window_pattern",
+               "hidden_activation"],
+    "smollm3": ["no_rope_layers", "no_rope_layer_interval", "use_sliding_window"],
+    "olmo2": ["attention_bias"],
+    "mixtral": EXPERT_KEYS,
+    "qwen3_moe": [*EXPERT_KEYS, "mlp_only_layers", "decoder_sparse_step", "norm_topk_prob"],
+    "gpt_oss": [*EXPERT_KEYS, "swiglu_limit", "swiglu_alpha"],
+    "deepseek_v3": ["n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts", "n_group",
+                    "topk_group", "routed_scaling_factor", "first_k_dense_replace", "moe_layer_freq", "q_lora_rank",
+                    "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "num_nextn_predict_layers"],
+    "llama3-rope": [],
+}  # fmt: skip
 TOKENIZER_CONFIG_KEYS = ["bos_token", "eos_token", "add_bos_token", "add_eos_token", "chat_template"]
 
 
@@ -280,6 +308,17 @@ def _json_field(seeds: Seeds, stats: Stats, file: str, key: str, value: object) 
         load_or_refuse(directory, stats, f"{file} {key} = {value!r:.60}")
 
 
+def _family_field(seeds: Seeds, stats: Stats, family: str, key: str | tuple, value: object) -> None:
+    with scratch_copy(seeds.families[family]) as directory:
+        with_json_field(directory / "config.json", key if isinstance(key, tuple) else (key,), value)
+        load_or_refuse(directory, stats, f"{family} config.json {key} = {value!r:.60}")
+
+
+def _family_keys(family: str) -> st.SearchStrategy:
+    keys = [*CONFIG_KEYS, "rope_parameters", *ROPE_KEYS, *FAMILY_KEYS[family]]
+    return st.tuples(st.just(family), st.sampled_from(keys), HOSTILE_VALUES)
+
+
 def _tokenizer_bytes(seeds: Seeds, stats: Stats, writes: Writes) -> None:
     with scratch_copy(seeds.hf) as directory:
         overwrite(directory / "tokenizer.json", writes)
@@ -313,6 +352,7 @@ def cases(seeds: Seeds) -> dict[str, tuple[st.SearchStrategy, Callable[..., None
             _json_field,
         ),
         "tokenizer.json bytes": (st.tuples(byte_writes(4000)), _tokenizer_bytes),
+        "family config.json field": (st.sampled_from(sorted(seeds.families)).flatmap(_family_keys), _family_field),
     }
 
 

@@ -150,6 +150,21 @@ def test_generate_streams_the_continuation_of_the_prompt(tiny, model, capsys):
     assert re.search(rf"loading {re.escape(tiny)} \.\.\. done in \d+\.\d s", err)
 
 
+def test_generate_takes_logit_biases_as_the_engine_does(tiny, model, capsys):
+    ids = model.tokenizer.encode("hello world")
+    forced = model.tokenizer.encode("x", add_special_tokens=False)[0]
+    first = int(np.argmax(LLM(model).prefill("first", ids)))  # the greedy answer's first token
+    bias = ["--logit-bias", f"{forced}=100", "--logit-bias", f"{first}=-100"]
+    sampled = ["--max-tokens", "5", "--temperature", "1"]
+    code, out, _ = run(capsys, "generate", "hello world", "--model", tiny, *sampled, *bias)
+    assert code == 0 and out == "hello world" + "x" * 5 + "\n"
+    code, out, _ = run(capsys, "generate", "hello world", "--model", tiny, "--max-tokens", "5", bias[2], bias[3])
+    expected = engine_text(model, ids, SamplingParams(max_tokens=5, logit_bias={first: -100}))
+    assert code == 0 and out == "hello world" + expected + "\n"
+    code, _, err = run(capsys, "generate", "hi", "--model", tiny, "--logit-bias", "100000=1")
+    assert code == 1 and "logit_bias names token 100000, outside the vocabulary" in err
+
+
 def test_generate_chat_sends_the_prompt_through_the_chat_template(tiny, model, capsys, monkeypatch):
     prompt = model.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
     ids = model.tokenizer.encode(prompt, add_special_tokens=False)

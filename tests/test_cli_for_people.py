@@ -45,7 +45,13 @@ def test_version():
     "argv, stdin, message",
     [
         (["generate", "hi", "--top-p", "2"], "", "argument --top-p: 2.0 must be in (0, 1]"),
-        (["generate", "hi", "--temperature", "-1"], "", "argument --temperature: -1.0 must be >= 0"),
+        (["generate", "hi", "--temperature", "-1"], "", "argument --temperature: -1.0 must be 0 (greedy) or at least"),
+        (["generate", "hi", "--temperature", "1e-39"], "", "argument --temperature: 1e-39 must be 0 (greedy) or at"),
+        (["generate", "hi", "--logit-bias", "5=300"], "", "argument --logit-bias: the bias 300 is not in [-100, 100]"),
+        (["chat", "--logit-bias", "five"], "", "argument --logit-bias: 'five' is not TOKEN_ID=BIAS"),
+        (["generate", "hi", "--logit-bias", "5=1", "--logit-bias", "5=2"], "",
+         "argument --logit-bias: logit_bias names token 5 twice"),  # fmt: skip
+        (["generate", "hi", "--repetition-penalty", "0"], "", "argument --repetition-penalty: 0.0 must be in [0.01,"),
         (["generate", ""], "", "argument PROMPT: the prompt is empty"),
         (["generate", "-"], "", "argument PROMPT: - reads the prompt from standard input, which was empty"),
         (["generate", "hi", "--stop", ""], "", "argument --stop: a stop string cannot be empty"),

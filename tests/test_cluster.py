@@ -4,7 +4,8 @@ The cluster starts once for the module (2 CPUs, so 2 actors) and every job
 joins it. Each job is also run the single-process way in this process, and the
 two must agree exactly: the same golden tensors bit for bit, the same report,
 the same perplexity float. A worker is killed mid-job, a driver interrupted and
-resumed, and a prompt longer than the context fails its shard once.
+resumed (with some of its shards damaged meanwhile), and a prompt longer than the
+context fails its shard once.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import io
 import json
 import logging
 import os
+import shutil
 import signal
+import struct
 import subprocess
 import sys
 
@@ -26,7 +29,7 @@ from refllm.cluster import INSTALL_HINT
 from refllm.cluster.golden import check_on_ray, dump_on_ray
 from refllm.cluster.perplexity import perplexity_on_ray
 from refllm.cluster.pool import ShardsFailedError
-from refllm.cluster.shards import ShardStore, ShardStoreMismatchError
+from refllm.cluster.shards import Shard, ShardResult, ShardStore, ShardStoreMismatchError, split
 from refllm.commands.flags import bare_ray_flag_before_positional
 from refllm.errors import InvalidInputError
 from refllm.runtime.perplexity import perplexity, sliding_windows
@@ -123,7 +126,82 @@ def test_a_shard_folder_of_another_job_is_refused(tmp_path):
         ShardStore(tmp_path / "shards", {"job": "perplexity", "window": "32"})
 
 
+def flip_a_data_byte(path) -> None:
+    """One byte of the file's tensor data changed, the file's size and header kept."""
+    data = bytearray(path.read_bytes())
+    (header,) = struct.unpack("<Q", data[:8])
+    data[8 + header + 3] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def stored_shards(directory, manifest: dict, count: int) -> tuple[ShardStore, list[Shard]]:
+    store, shards = ShardStore(directory, manifest), split(2 * count, 2)
+    for shard in shards:
+        tensors = {"nll": np.arange(shard.items.start, shard.items.stop, dtype=np.float64) / 7}
+        store.save(ShardResult(shard.index, tensors, {"note": f"shard {shard.index}"}, 5, "worker"), shard)
+    return store, shards
+
+
+def test_a_resumed_shard_store_names_and_drops_every_shard_that_does_not_verify(tmp_path, capsys):
+    from safetensors.numpy import save
+
+    manifest = {"job": "perplexity", "window": "16"}
+    store, shards = stored_shards(tmp_path / "shards", manifest, 7)
+    files = sorted((tmp_path / "shards").glob("shard-*.safetensors"))
+    intact = store.resume(shards)
+    assert sorted(intact) == list(range(7)) and capsys.readouterr().err == ""
+    assert intact[3].tensors["nll"].tolist() == [6 / 7, 7 / 7] and intact[3].info == {"note": "shard 3"}
+    flip_a_data_byte(files[1])
+    files[2].write_bytes(files[2].read_bytes()[:-5])  # truncated
+    files[3].write_bytes(os.urandom(files[3].stat().st_size))  # garbage of the same size
+    stored_shards(tmp_path / "other", manifest | {"window": "32"}, 7)  # another job's shard, copied in
+    shutil.copyfile(tmp_path / "other" / files[4].name, files[4])
+    shutil.copyfile(files[0], files[5])  # shard 0's file as shard 5's
+    files[6].write_bytes(save({"nll": np.zeros(2)}, metadata={"tokens": "5", "worker": "w"}))  # no checksum
+    resumed = store.resume(shards)
+    assert sorted(resumed) == [0] and resumed[0].tensors["nll"].tolist() == intact[0].tensors["nll"].tolist()
+    lines = capsys.readouterr().err.splitlines()
+    reasons = ["does not match its checksum", "cannot be read", "cannot be read", "was written for another job",
+               "holds shard '0:0:2', not '5:10:12'", "carries no checksum"]  # fmt: skip
+    for line, file, reason, index in zip(lines, files[1:], reasons, range(1, 7), strict=True):
+        assert line.startswith(f"{file} ") and reason in line and line.endswith(f"computing shard {index} again")
+    store.save(ShardResult(1, intact[1].tensors, intact[1].info, 5, "worker"), shards[1])  # computed again
+    assert sorted(store.resume(shards)) == [0, 1]
+
+
+def test_a_damaged_job_manifest_is_refused_saying_what_to_delete(tmp_path):
+    ShardStore(tmp_path / "shards", {"job": "perplexity"})
+    (tmp_path / "shards" / "job.json").write_text('{"job": "perpl')
+    with pytest.raises(ShardStoreMismatchError, match=r"job.json is damaged .*; delete it to resume .* or delete"):
+        ShardStore(tmp_path / "shards", {"job": "perplexity"})
+
+
+def test_an_unreachable_cluster_address_fails_at_once_in_one_line(tmp_path):
+    pytest.importorskip("ray", reason='the cluster extra is not installed: pip install -e ".[cluster]"')
+    text = tmp_path / "text.txt"
+    text.write_text(" ".join(CORPUS))
+    argv = ["perplexity", str(text), "--model", str(write_tiny_model(tmp_path / "tiny")), "--ray", "127.0.0.1:1"]
+    done = subprocess.run(  # ray.init alone retries for minutes
+        [sys.executable, "-m", "refllm", *argv], capture_output=True, text=True, cwd=ROOT, timeout=90
+    )
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.startswith("refllm: error: no Ray cluster answers at 127.0.0.1:1 (")
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+
+
 # ---- on the cluster ---------------------------------------------------------------------------------------
+
+
+def interrupt_after(count: int, seen: list[int]):
+    """An ``on_result`` that records each shard's index and stops the driver after ``count``, as Ctrl-C does."""
+
+    def record(result) -> None:
+        seen.append(result.index)
+        if len(seen) == count:
+            raise KeyboardInterrupt
+
+    return record
+
 
 cluster = pytest.mark.cluster
 
@@ -161,14 +239,8 @@ def test_an_interrupted_golden_check_resumes_from_its_shards_with_the_same_repor
     dump(Checkpoint.open(MODEL), listed, path, str(MODEL), new_tokens=12, positions=4)
     golden, shards, seen = Golden.load(path), tmp_path / "shards", []
     args = (path, golden, str(MODEL), "tests.mutants:interleaved_rope", "float32")
-
-    def interrupt_after_two(result) -> None:
-        seen.append(result.index)
-        if len(seen) == 2:
-            raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
-        check_on_ray(*args, shards=shards, on_result=interrupt_after_two)
+        check_on_ray(*args, shards=shards, on_result=interrupt_after(2, seen))
     assert len(list(shards.glob("shard-*.safetensors"))) == 2
     resumed = []
     reports = check_on_ray(*args, shards=shards, on_result=resumed.append)
@@ -193,19 +265,44 @@ def test_perplexity_on_ray_is_the_single_process_float_and_resumes(local_cluster
     ids = model.tokenizer.encode(text.read_text())
     precision = {"quantized": False, "dtype": "float32", "reference": None}
     shards, seen = tmp_path / "shards", []
-
-    def interrupt_after_two(result) -> None:
-        seen.append(result.index)
-        if len(seen) == 2:
-            raise KeyboardInterrupt
-
+    stop = interrupt_after(2, seen)
     with pytest.raises(KeyboardInterrupt):
-        perplexity_on_ray(str(tiny), precision, ids, 16, 6, shard_size=2, shards=shards, on_result=interrupt_after_two)
+        perplexity_on_ray(str(tiny), precision, ids, 16, 6, shard_size=2, shards=shards, on_result=stop)
     resumed = []
     value = perplexity_on_ray(str(tiny), precision, ids, 16, 6, shard_size=2, shards=shards, on_result=resumed.append)
     windows = len(sliding_windows(len(ids), 16, 6))
     assert sorted(seen + [r.index for r in resumed]) == list(range((windows + 1) // 2))  # each shard computed once
     assert value == perplexity(model, ids, 16, 6) and not shards.exists()
+
+
+@cluster
+def test_a_resumed_perplexity_recomputes_damaged_and_foreign_shards_and_is_the_single_process_float(
+    local_cluster, tmp_path, capsys
+):
+    tiny = write_tiny_model(tmp_path / "tiny")
+    text = tmp_path / "text.txt"
+    text.write_text(" ".join(CORPUS * 4))
+    flags = ["--model", str(tiny), "--window", "16", "--stride", "6"]
+    single = run(capsys, "perplexity", str(text), *flags)
+    ids = cli.common.load(str(tiny)).tokenizer.encode(text.read_text())
+    precision = {"quantized": False, "dtype": "float32", "reference": None}
+    shards, seen = tmp_path / "shards", []
+    stop = interrupt_after(4, seen)
+    with pytest.raises(KeyboardInterrupt):
+        perplexity_on_ray(str(tiny), precision, ids, 16, 6, shard_size=2, shards=shards, on_result=stop)
+    with pytest.raises(KeyboardInterrupt):  # another job: the same model and windows, over other tokens
+        perplexity_on_ray(str(tiny), precision, ids[::-1], 16, 6, shard_size=2, shards=tmp_path / "other",
+                          on_result=interrupt_after(1, []))  # fmt: skip
+    flipped, truncated, foreign, kept = (shards / f"shard-{i:06d}.safetensors" for i in seen)
+    flip_a_data_byte(flipped)  # as reported: the resumed run printed another perplexity with exit code 0
+    truncated.write_bytes(truncated.read_bytes()[:100])
+    shutil.copyfile(next((tmp_path / "other").glob("shard-*")), foreign)
+    code, out, err = run(capsys, "perplexity", str(text), *flags, "--ray", "--shard-size", "2", "--shards", str(shards))
+    printed = [line for line in out.splitlines() if line.startswith("perplexity ")]  # Ray's actors may log too
+    assert code == 0 and printed == single[1].splitlines()[:1] and "Traceback" not in err
+    assert f"{flipped} does not match its checksum" in err and f"{truncated} cannot be read" in err
+    assert f"{foreign} was written for another job" in err and str(kept) not in err
+    assert "resuming: 1 of" in err and not shards.exists()
 
 
 @cluster
@@ -233,16 +330,10 @@ def test_a_killed_worker_shards_run_again_and_the_file_is_the_same(local_cluster
 def test_an_interrupted_dump_resumes_computing_only_the_missing_shards(local_cluster, tmp_path):
     listed = prompts([5, 9, 13, 2, 7, 10, 4])
     out, seen = tmp_path / "ray.safetensors", []
-
-    def interrupt_after_three(result) -> None:
-        seen.append(result.index)
-        if len(seen) == 3:
-            raise KeyboardInterrupt  # as Ctrl-C in the driver
-
     checkpoint = Checkpoint.open(MODEL, "float64")
     with pytest.raises(KeyboardInterrupt):
         dump_on_ray(
-            checkpoint, listed, out, str(MODEL), options=OPTIONS, dtype="float64", on_result=interrupt_after_three
+            checkpoint, listed, out, str(MODEL), options=OPTIONS, dtype="float64", on_result=interrupt_after(3, seen)
         )
     shards = tmp_path / "ray.safetensors.shards"
     assert len(list(shards.glob("shard-*.safetensors"))) == 3 and not out.exists()

@@ -28,6 +28,7 @@ def seeds(tmp_path_factory) -> Seeds:
         "config.json field",
         "tokenizer_config.json field",
         "tokenizer.json bytes",
+        "family config.json field",
     ],
 )
 def test_a_hostile_file_loads_or_is_refused_within_the_caps(seeds, kind):

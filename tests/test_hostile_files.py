@@ -101,7 +101,7 @@ def test_overlapping_tensors_are_refused(tmp_path):
         ("llama.attention.head_count", 0, "head_count must be an integer"),
         ("llama.context_length", 0, "context_length must be an integer"),
         ("llama.embedding_length", -4, "embedding_length must be an integer"),
-        ("llama.rope.dimension_count", 2**26, "partial_rotary_factor must be at most 1"),
+        ("llama.rope.dimension_count", 2**26, r"partial_rotary_factor must be a finite number in \(0, 1\]"),
         ("llama.attention.head_count", 2**26, "rows"),
     ],
 )
@@ -109,6 +109,14 @@ def test_metadata_out_of_bounds_is_refused_by_name(seeds, tmp_path, key, value, 
     path = tmp_path / "bad.gguf"
     gguf_with(seeds.gguf, path, key, value)
     assert str(path) in refused(path, GGUFFileError, match)
+
+
+def test_an_expert_count_without_its_expert_tensors_is_refused_before_anything_per_expert(seeds, tmp_path):
+    with_used, path = tmp_path / "used.gguf", tmp_path / "experts.gguf"
+    gguf_with(seeds.gguf, with_used, "llama.expert_used_count", 2)
+    gguf_with(with_used, path, "llama.expert_count", 10**7)  # a dense llama file: a Mixtral of one tensor per expert
+    message = refused(path, GGUFFileError, "metadata llama.expert_count gives 10000000 experts per sparse layer, but")
+    assert str(path) in message and "its tensors hold no expert tensors" in message
 
 
 def test_info_on_a_file_of_2_to_the_28_layers_is_one_sentence(seeds, tmp_path, capsys):
@@ -132,7 +140,7 @@ def test_info_on_a_file_of_2_to_the_28_layers_is_one_sentence(seeds, tmp_path, c
         ("max_position_embeddings", 0, "max_position_embeddings must be an integer"),
         ("hidden_size", -32, "hidden_size must be an integer"),
         ("rms_norm_eps", "small", "rms_norm_eps must be a finite number"),
-        ("rope_scaling", [1, 2], "wrong kind"),
+        ("rope_scaling", [1, 2], "rope_scaling must be an object; got \\[1, 2\\]"),
     ],
 )
 def test_config_values_out_of_bounds_are_refused_by_name(seeds, tmp_path, key, value, match):

@@ -206,6 +206,22 @@ def test_a_prompt_of_token_ids_and_a_stop_string(model, client):
     assert choice.text == text[: text.index(stop)] and choice.finish_reason == "stop"
 
 
+def test_logit_bias_forces_or_bans_tokens_as_openai_defines_it(model, engine, client):
+    ids = model.tokenizer.encode("the lazy dog")
+    forced = model.tokenizer.encode("x", add_special_tokens=False)[0]
+    choice = client.completions.create(
+        model=MODEL, prompt=ids, max_tokens=6, temperature=1.0, seed=2, logit_bias={str(forced): 100}, logprobs=1
+    ).choices[0]
+    assert choice.text == "x" * 6 and choice.logprobs.token_logprobs[0] < 0  # logprobs stay the model's own
+    first = engine.generate([ids], SamplingParams(max_tokens=1))[0].completions[0].token_ids[0]
+    banned = engine.generate([ids], SamplingParams(max_tokens=8, logit_bias={first: -100}))[0].completions[0]
+    assert banned.token_ids[0] != first
+    served = client.completions.create(
+        model=MODEL, prompt=ids, max_tokens=8, temperature=0, logit_bias={str(first): -100}
+    ).choices[0]
+    assert served.text == banned.text
+
+
 def test_embeddings_are_unit_mean_pooled_hidden_states(model, client):
     texts = ["hello world", "the quick brown fox"]
     answer = client.embeddings.create(model=MODEL, input=texts)  # the client asks for base64
@@ -318,6 +334,21 @@ REFUSALS = {
     "no model": ("/v1/completions", {"prompt": "hi"}, 400, "model", None),
     "an unknown model": ("/v1/chat/completions", CHAT | {"model": "gpt-4"}, 404, "model", "model_not_found"),
     "temperature out of range": ("/v1/chat/completions", CHAT | {"temperature": 3}, 400, "temperature", None),
+    "temperature below its floor": ("/v1/completions", COMPLETION | {"temperature": 1e-39}, 400, "temperature", None),
+    "repetition_penalty of 0": ("/v1/completions", COMPLETION | {"repetition_penalty": 0}, 400, "repetition_penalty",
+                                None),  # fmt: skip
+    "logit_bias past 100": ("/v1/completions", COMPLETION | {"logit_bias": {"5": 300}}, 400, "logit_bias.5", None),
+    "logit_bias of NaN": ("/v1/completions", b'{"model": "tiny", "prompt": "hi", "logit_bias": {"5": NaN}}', 400,
+                          "logit_bias.5", None),  # fmt: skip
+    "logit_bias naming no token id": ("/v1/completions", COMPLETION | {"logit_bias": {"-1": 1}}, 400, "logit_bias.-1",
+                                      None),  # fmt: skip
+    "logit_bias past the vocabulary": ("/v1/completions", COMPLETION | {"logit_bias": {"100000": 1}}, 400,
+                                       "logit_bias.100000", None),  # fmt: skip
+    "logit_bias naming a token twice": ("/v1/completions", COMPLETION | {"logit_bias": {"5": 1, "05": 2}}, 400,
+                                        "logit_bias.05", None),  # fmt: skip
+    "logit_bias that is a list": ("/v1/completions", COMPLETION | {"logit_bias": [5, 1]}, 400, "logit_bias", None),
+    "logit_bias of too many tokens": ("/v1/completions", COMPLETION | {"logit_bias": {str(i): 1 for i in range(1025)}},
+                                      400, "logit_bias", None),  # fmt: skip
     "top_p of 0": ("/v1/completions", COMPLETION | {"top_p": 0}, 400, "top_p", None),
     "n of 0": ("/v1/completions", COMPLETION | {"n": 0}, 400, "n", None),
     "n past the batch": ("/v1/completions", COMPLETION | {"n": 9}, 400, "n", None),

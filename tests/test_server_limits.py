@@ -167,7 +167,8 @@ def test_inputs_and_tokens_per_request_are_capped(server, engine):
         assert response.status_code == 400 and "120 tokens" in response.json()["error"]["message"]
 
 
-def test_a_body_sent_a_byte_at_a_time_is_cut_off_with_408(server):
+def test_a_body_sent_a_byte_at_a_time_is_cut_off_with_408_and_the_connection_closed(server):
+    """RFC 9110: a server that sends 408 closes the connection, so the rest of the body is never a next request."""
     with socket.create_connection(address(server)) as connection:
         connection.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n")
         start = time.monotonic()
@@ -177,7 +178,26 @@ def test_a_body_sent_a_byte_at_a_time_is_cut_off_with_408(server):
             connection.settimeout(0.5)
             with contextlib.suppress(TimeoutError):
                 answer += connection.recv(4096)
-    assert answer.startswith(b"HTTP/1.1 408") and LIMITS.body_timeout <= time.monotonic() - start < 6
+        assert answer.startswith(b"HTTP/1.1 408") and LIMITS.body_timeout <= time.monotonic() - start < 6
+        assert b"connection: close" in answer.lower()
+        assert rest_until_closed(connection) is not None  # and nothing more comes: no answer to the rest of the body
+
+
+def rest_until_closed(connection: socket.socket, within: float = 2.0) -> bytes | None:
+    """What the server sends until it closes ``connection`` (a reset counts as closed); None if still open."""
+    deadline, rest = time.monotonic() + within, b""
+    while time.monotonic() < deadline:
+        connection.settimeout(max(deadline - time.monotonic(), 0.01))
+        try:
+            chunk = connection.recv(4096)
+        except ConnectionResetError:
+            return rest
+        except TimeoutError:
+            return None
+        if not chunk:
+            return rest
+        rest += chunk
+    return None
 
 
 # --- embeddings ---------------------------------------------------------------------------------------------

@@ -13,14 +13,35 @@ imports it until a job starts, and ``import refllm`` never does.
 
 from __future__ import annotations
 
+import socket
+
 from refllm.errors import InvalidInputError
 
 LOCAL = "local"  # --ray without an address: start a cluster on this machine
 INSTALL_HINT = '--ray needs Ray, which is not installed here: pip install "refllm[cluster]"'
+CONNECT_SECONDS = 5.0  # to reach a cluster's address before it counts as unreachable
 
 
 class RayMissingError(InvalidInputError):
     """Ray is not installed, so a job cannot run on a cluster."""
+
+
+class ClusterUnreachableError(ConnectionError):
+    """Nothing answers at the cluster address given."""
+
+
+def check_reachable(address: str, timeout: float = CONNECT_SECONDS) -> None:
+    """Refuse within ``timeout`` seconds a HOST:PORT (or ray://HOST:PORT) where nothing accepts a connection:
+    ``ray.init`` would retry for minutes. ``local`` and ``auto`` are left to Ray, which answers those at once."""
+    if address in (LOCAL, "auto"):
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout).close()
+    except (OSError, ValueError) as error:
+        raise ClusterUnreachableError(
+            f"no Ray cluster answers at {address} ({error}); start one there (ray start --head) or check the address"
+        ) from None
 
 
 def import_ray():

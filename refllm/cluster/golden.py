@@ -21,7 +21,7 @@ import numpy as np
 
 from refllm.cluster import LOCAL
 from refllm.cluster.pool import run_shards
-from refllm.cluster.shards import Shard, ShardResult, ShardStore, split
+from refllm.cluster.shards import Shard, ShardResult, ShardStore, file_identity, split
 from refllm.testing.backends import as_backend
 from refllm.testing.checkpoint import Checkpoint
 from refllm.testing.factories import load_factory
@@ -141,6 +141,7 @@ def check_on_ray(
     """
     manifest = {"job": "golden check", "golden": str(Path(golden_path).resolve()), "model": model}
     manifest |= {"weights_sha256": golden.metadata["weights_sha256"], "backend": backend, "profile": profile}
+    manifest["golden_identity"] = file_identity(golden_path)
     store = None if shards is None else ShardStore(shards, manifest | {"shard_size": str(shard_size)})
     job, shard_list = GoldenCheckJob(str(golden_path), model, backend, profile), split(golden.num_prompts, shard_size)
     run = run_shards(job, shard_list, store, address, workers, "golden check", on_result)

@@ -19,7 +19,7 @@ import numpy as np
 from refllm import catalog
 from refllm.cluster import LOCAL
 from refllm.cluster.pool import run_shards
-from refllm.cluster.shards import Shard, ShardResult, ShardStore, split
+from refllm.cluster.shards import Shard, ShardResult, ShardStore, file_identity, split
 from refllm.loading import open_source
 from refllm.models.decoder import DecoderModel
 from refllm.runtime.perplexity import combine, first_scored, sliding_windows, window_cache, window_nll
@@ -64,6 +64,8 @@ def perplexity_on_ray(
     """``perplexity`` on a Ray cluster -> (perplexity, tokens scored); ``shards`` keeps finished ones to resume."""
     ids = np.asarray(ids)
     manifest = {"job": "perplexity", "model": model, "window": str(window), "stride": str(stride)}
+    # a catalog model is its pinned sha256; a path, its files' names, sizes and modification times
+    manifest["model_identity"] = catalog.entry(model).sha256 if model in catalog.CATALOG else file_identity(model)
     manifest |= {k: str(v) for k, v in precision.items()} | {"cache": cache_kind, "shard_size": str(shard_size)}
     manifest["ids_sha256"] = hashlib.sha256(ids.astype("<i8").tobytes()).hexdigest()
     store = None if shards is None else ShardStore(shards, manifest)

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from refllm import progress
-from refllm.cluster import LOCAL, import_ray
+from refllm.cluster import LOCAL, ClusterUnreachableError, check_reachable, import_ray
 from refllm.cluster.shards import Shard, ShardResult, ShardStore
 from refllm.errors import InvalidInputError
 
@@ -79,10 +79,14 @@ def connected(address: str) -> Iterator[object]:
         yield ray
         return
     quiet = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
-    if address == LOCAL:
-        ray.init(**quiet)
-    else:
-        ray.init(address=address, **quiet)
+    check_reachable(address)
+    try:
+        if address == LOCAL:
+            ray.init(**quiet)
+        else:
+            ray.init(address=address, **quiet)
+    except ConnectionError as error:  # "auto" with no cluster on this machine
+        raise ClusterUnreachableError(f"cannot join a Ray cluster at {address}: {error}") from None
     try:
         yield ray
     finally:
@@ -102,7 +106,8 @@ def run_shards(
 
     ``on_result`` is called with each shard computed here, after it is stored.
     """
-    results = {i: store.load(i) for i in sorted(store.finished())} if store is not None else {}
+    results = store.resume(shards) if store is not None else {}
+    by_index = {shard.index: shard for shard in shards}
     todo = deque(shard for shard in shards if shard.index not in results)
     if results:
         print(f"resuming: {len(results)} of {len(shards)} shards are already in {store.directory}", file=sys.stderr)
@@ -134,7 +139,7 @@ def run_shards(
                         failures.append(result)
                     else:
                         if store is not None:
-                            store.save(result)
+                            store.save(result, by_index[result.index])
                         results[result.index], tokens = result, tokens + result.tokens
                     bar.update()
                     bar.set_postfix_str(f"{tokens / (time.perf_counter() - start):.1f} tokens/s")

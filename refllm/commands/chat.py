@@ -131,7 +131,7 @@ class Conversation:
         if not value:
             raise UsageError(f"/set {name} needs a value")
         settings = self._settings() | {field: _parse_setting(field, value)}
-        self.params = checked_params(settings, name=lambda f: f.replace("_", "-"))
+        self.params = checked_params(settings, name=lambda f: f.replace("_", "-"), logit_bias=self.params.logit_bias)
         _say(f"{name} = {getattr(self.params, field)}")
 
     def _settings(self) -> dict:
@@ -157,7 +157,9 @@ class Conversation:
         except (UnicodeDecodeError, json.JSONDecodeError) as error:
             raise InvalidInputError(f"{rest} is not a conversation saved by /save: {error}") from None
         messages, system, settings = _read_saved(saved, rest)
-        params = checked_params(settings, name=lambda f: f"{rest}: setting {f.replace('_', '-')}")
+        params = checked_params(
+            settings, name=lambda f: f"{rest}: setting {f.replace('_', '-')}", logit_bias=self.params.logit_bias
+        )
         self.messages, self.system, self.params = messages, system, params  # all checked: now change
         _say(f"loaded {len(messages)} messages from {rest}")
 

@@ -14,6 +14,7 @@ from refllm.kv.base import blocks_for
 from refllm.loading import open_source
 from refllm.memory import available_memory, weight_bytes
 from refllm.models.contract import ModelSource
+from refllm.families import checkpoint_layout
 from refllm.models.decoder import DecoderModel
 from refllm.models.weights import checkpoint_shapes
 from refllm.quant.linear import QuantizedTensor
@@ -68,7 +69,8 @@ def load(
         raise InvalidInputError(
             f"{name} needs about {size(needed)} for its weights, more than the {size(available)} of memory available"
         )
-    with progress.task(f"loading {name}", total=len(checkpoint_shapes(source.config)), unit="tensor") as bar:
+    tensors = len(checkpoint_shapes(source.config, checkpoint_layout(source.config, source.tensor_names())))
+    with progress.task(f"loading {name}", total=tensors, unit="tensor") as bar:
         return DecoderModel.load(_CountingSource(source, bar.update), dtype, reference)
 
 

@@ -12,10 +12,10 @@ import re
 import sys
 
 from refllm import catalog
-from refllm.cluster import LOCAL, import_ray
+from refllm.cluster import LOCAL, check_reachable, import_ray
 from refllm.errors import InvalidInputError
 from refllm.models.decoder import DTYPES
-from refllm.runtime.sampling import SamplingParams, SamplingParamsError
+from refllm.runtime.sampling import LOGIT_BIAS_LIMIT, TEMPERATURE_FLOOR, SamplingParams, SamplingParamsError
 
 MODEL_HELP = (
     f"catalog name ({', '.join(catalog.CATALOG)}), .gguf file or Hugging Face directory"
@@ -79,6 +79,20 @@ def positive_number(text: str) -> float:
     return value
 
 
+def logit_bias_entry(text: str) -> tuple[int, float]:
+    """``TOKEN_ID=BIAS`` (``50256=-100``) -> (token id, bias), the bias in [-100, 100]."""
+    token, _, bias = text.partition("=")
+    try:
+        token_id, amount = int(token), float(bias)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not TOKEN_ID=BIAS (say 50256=-100)") from None
+    if token_id < 0:
+        raise argparse.ArgumentTypeError(f"{token_id} is not a token id (0 or more)")
+    if not -LOGIT_BIAS_LIMIT <= amount <= LOGIT_BIAS_LIMIT:  # NaN fails this too
+        raise argparse.ArgumentTypeError(f"the bias {bias} is not in [-{LOGIT_BIAS_LIMIT:g}, {LOGIT_BIAS_LIMIT:g}]")
+    return token_id, amount
+
+
 def batch_sizes(text: str) -> list[int]:
     return [positive_int(part) for part in text.split(",")]
 
@@ -116,12 +130,15 @@ def precision(args: argparse.Namespace) -> dict:
 def add_generation_flags(parser: argparse.ArgumentParser, max_tokens: int) -> None:
     flag = parser.add_argument
     flag("--max-tokens", type=positive_int, default=max_tokens, metavar="N", help=f"most tokens (default {max_tokens})")
-    flag("--temperature", type=float, default=0.0, metavar="T", help="0 is greedy (default); higher is more random")
+    flag("--temperature", type=float, default=0.0, metavar="T",
+         help=f"0 is greedy (default); else at least {TEMPERATURE_FLOOR:g}, higher is more random")  # fmt: skip
     flag("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass (default 1.0: off)")
     flag("--top-k", type=int, default=0, metavar="K", help="sample among the k most likely (default 0: off)")
     flag("--min-p", type=float, default=0.0, metavar="P", help="drop tokens below P x the top one (default 0: off)")
     flag("--repetition-penalty", type=float, default=1.0, metavar="R", help="(default 1.0: off)")
     flag("--seed", type=seed_number, default=None, metavar="S", help="makes sampling reproducible")
+    flag("--logit-bias", type=logit_bias_entry, action="append", default=[], metavar="ID=BIAS",
+         help="add BIAS (-100 to 100) to token ID's logit before sampling; -100 bans it (repeatable)")  # fmt: skip
     flag("--context", type=positive_int, metavar="N", help="most tokens of prompt and answer (default: the model's)")
     flag("--quiet", action="store_true", help="no stats line after an answer")
 
@@ -131,7 +148,8 @@ def sampling_params(args: argparse.Namespace, stop: tuple[str, ...] = ()) -> Sam
     if "" in stop:
         raise UsageError("argument --stop: a stop string cannot be empty")
     settings = {field: getattr(args, field) for field in SAMPLING_FLAGS}
-    return checked_params(settings, stop=stop, name=lambda field: f"argument {SAMPLING_FLAGS[field]}")
+    flag = {**SAMPLING_FLAGS, "logit_bias": "--logit-bias"}
+    return checked_params(settings, stop=stop, logit_bias=args.logit_bias, name=lambda field: f"argument {flag[field]}")
 
 
 def checked_params(settings: dict, *, name, **more) -> SamplingParams:
@@ -141,6 +159,8 @@ def checked_params(settings: dict, *, name, **more) -> SamplingParams:
     except SamplingParamsError as error:
         if error.name is None:
             raise UsageError(str(error)) from None
+        if error.name not in settings:  # a field given whole (logit_bias): the error says what in it is wrong
+            raise UsageError(f"{name(error.name)}: {error}") from None
         raise UsageError(f"{name(error.name)}: {settings[error.name]} {error.rule}") from None
 
 
@@ -186,7 +206,7 @@ def add_cluster_flags(parser: argparse.ArgumentParser, shards_help: str) -> None
 def cluster_options(args: argparse.Namespace) -> dict | None:
     """The cluster flags as the ``*_on_ray`` functions' keywords; None without --ray, where the others are refused.
 
-    With --ray, Ray must be installed: said before anything loads.
+    With --ray, Ray must be installed and its address answer: said before anything loads.
     """
     if args.ray is None:
         given = [flag for flag in ("workers", "shard_size", "shards") if getattr(args, flag) is not None]
@@ -194,4 +214,5 @@ def cluster_options(args: argparse.Namespace) -> dict | None:
             raise UsageError(f"argument --{given[0].replace('_', '-')}: only with --ray")
         return None
     import_ray()
+    check_reachable(args.ray)
     return {"address": args.ray, "workers": args.workers, "shard_size": args.shard_size or 1, "shards": args.shards}

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import importlib
 import math
+import re
 from collections.abc import Iterable
 
-from refllm.families.experts import expert_layout
+from refllm.errors import ConfigError
+from refllm.families.experts import FUSED, PER_EXPERT, expert_layout
 from refllm.families.family import Architecture, GgufArchitecture
 from refllm.families.tables import Tensor, is_routed_expert, layer_prefixed, model_tensors
 
@@ -49,6 +51,26 @@ def checkpoint_layout(config, tensor_names: Iterable[str] = ()) -> str | None:
     return None if config.experts is None else expert_layout(names, tensor_names)
 
 
+_EXPERT_NAME = re.compile(r"model\.layers\.\d+\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.")
+
+
+def check_expert_count(config, tensor_names: Iterable[str], where: str) -> None:
+    """Refuse, naming ``where`` (the file and its key), a per-expert checkpoint whose tensors hold other experts
+    than ``config``'s count, numbered 0 to X - 1: before the table builds a name per expert (a count of 10**7
+    would build 3 * 10**7 names per layer, gigabytes, before the first comparison). The fused and stacked
+    layouts hold every expert of a projection in one tensor, whose shape the load compares first."""
+    names = list(tensor_names)
+    if not any(config.is_sparse(layer) for layer in range(config.num_hidden_layers)):
+        return  # dense
+    if checkpoint_layout(config, names) != PER_EXPERT:
+        return
+    present = {int(match.group(1)) for name in names if (match := _EXPERT_NAME.match(name))}
+    count = config.experts.num_experts
+    if len(present) != count or max(present, default=-1) != count - 1:
+        held = f"{len(present)} experts numbered up to {max(present)}" if present else "no expert tensors"
+        raise ConfigError(f"{where} gives {count} experts per sparse layer, but its tensors hold {held}")
+
+
 def checkpoint_tensors(config, layout: str | None = None) -> list[Tensor]:
     """Every tensor of a checkpoint of ``config`` (a ModelConfig), its experts (if any) in ``layout``."""
     layout = layout or checkpoint_layout(config)
@@ -64,7 +86,7 @@ def parameter_count(config, active: bool = False) -> int:
     k a token runs (their share k / X of the experts' weights)."""
     shared, routed = 0, 0
     for tensor in checkpoint_tensors(config):
-        if all(is_routed_expert(role) for role in tensor.roles):
+        if is_routed_expert(tensor.roles[0]):  # a tensor's roles are all a routed expert's, or none
             routed += math.prod(tensor.shape)
         else:
             shared += math.prod(tensor.shape)

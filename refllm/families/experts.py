@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from refllm.families.family import GgufFacts
-from refllm.families.tables import ExpertNames, Tensor, gated_mlp_tensors, one
+from refllm.families.tables import ExpertNames, PerExpert, Tensor, gated_mlp_tensors, one
 
 ROUTER_SUFFIX = ".mlp.gate.weight"
 PER_EXPERT, FUSED, STACKED = "per expert", "fused", "stacked"
@@ -65,7 +65,7 @@ def sparse_layer_tensors(c, layout: str, names: ExpertNames) -> list[Tensor]:
     """A sparse layer's router and experts in ``layout``, as ``names`` spells them."""
     experts = c.experts
     D, M, X = c.hidden_size, experts.moe_intermediate_size, experts.num_experts
-    roles = {kind: tuple(f"mlp.experts.{e}.{kind}" for e in range(X)) for kind in ("gate_proj", "up_proj", "down_proj")}
+    roles = {kind: PerExpert((kind,), X) for kind in ("gate_proj", "up_proj", "down_proj")}
     router = names.router if layout == PER_EXPERT or names.interleaved else "mlp.gate"
     tensors = [one(f"{router}.weight", (X, D), "mlp.router")]
     if names.correction_bias is not None:
@@ -97,7 +97,6 @@ def sparse_layer_tensors(c, layout: str, names: ExpertNames) -> list[Tensor]:
 def _fused_tensors(c, names: ExpertNames) -> list[Tensor]:
     """gate_up and down of every expert in one tensor each (and their biases)."""
     D, M, X = c.hidden_size, c.experts.moe_intermediate_size, c.experts.num_experts
-    experts = range(X)
 
     def gates_then_ups(t: Any) -> tuple:  # [X, D, 2M] or [X, 2M, D] -> X gates, then X ups, [M, D] each
         if names.interleaved:  # columns gate 0, up 0, gate 1, ...
@@ -107,8 +106,7 @@ def _fused_tensors(c, names: ExpertNames) -> list[Tensor]:
     def bias_halves(t: Any) -> tuple:  # [X, 2M] -> X gate biases, then X up biases, [M] each
         return _contiguous((*t[:, ::2], *t[:, 1::2]) if names.interleaved else (*t[:, :M], *t[:, M:]))
 
-    gate_up = tuple(f"mlp.experts.{e}.{kind}" for kind in ("gate_proj", "up_proj") for e in experts)
-    down = tuple(f"mlp.experts.{e}.down_proj" for e in experts)
+    gate_up, down = PerExpert(("gate_proj", "up_proj"), X), PerExpert(("down_proj",), X)
     if names.interleaved:  # [in, out]
         tensors = [
             Tensor("mlp.experts.gate_up_proj", (X, D, 2 * M), gate_up, gates_then_ups),
@@ -120,10 +118,10 @@ def _fused_tensors(c, names: ExpertNames) -> list[Tensor]:
             Tensor("mlp.experts.down_proj", (X, D, M), down, _contiguous),
         ]
     if names.expert_bias:
-        gate_up_bias = tuple(f"{role}_bias" for role in gate_up)
         tensors += [
-            Tensor("mlp.experts.gate_up_proj_bias", (X, 2 * M), gate_up_bias, bias_halves),
-            Tensor("mlp.experts.down_proj_bias", (X, D), tuple(f"{role}_bias" for role in down), _contiguous),
+            Tensor("mlp.experts.gate_up_proj_bias", (X, 2 * M), PerExpert(("gate_proj_bias", "up_proj_bias"), X),
+                   bias_halves),
+            Tensor("mlp.experts.down_proj_bias", (X, D), PerExpert(("down_proj_bias",), X), _contiguous),
         ]
     return tensors
 

@@ -72,8 +72,8 @@ def _gemma_fields(keys: HFKeys, **attention: Any) -> dict[str, Any]:
 
 def _layer_types(keys: HFKeys, num_layers: int, default_pattern: int) -> tuple[str, ...]:
     """layer_types (transformers 5), else every ``sliding_window_pattern``-th layer global."""
-    if keys.get("layer_types") is not None:
-        return tuple(keys.get("layer_types"))
+    if keys.items("layer_types") is not None:
+        return keys.items("layer_types")
     pattern = keys.size("sliding_window_pattern", default_pattern)
     return tuple(SLIDING_ATTENTION if (i + 1) % pattern else FULL_ATTENTION for i in range(num_layers))
 
@@ -104,14 +104,14 @@ def read_gemma3_text(keys: HFKeys) -> dict[str, Any]:
     fields = _gemma_fields(keys, qk_norm=QKNorm.PER_HEAD)
     layer_types = _layer_types(keys, fields["num_hidden_layers"], GEMMA3_SLIDING_WINDOW_PATTERN)
     max_pos = fields["max_position_embeddings"]
-    parameters = keys.get("rope_parameters")
-    if parameters is not None and FULL_ATTENTION in parameters:
+    parameters = keys.mapping("rope_parameters")
+    if FULL_ATTENTION in parameters:
         # transformers 5: one dict per layer type.
-        full = dict(parameters.get(FULL_ATTENTION) or {})
-        local = dict(parameters.get(SLIDING_ATTENTION) or {})
+        per_type = HFKeys(parameters)
+        full, local = dict(per_type.mapping(FULL_ATTENTION)), dict(per_type.mapping(SLIDING_ATTENTION))
     else:
         # Long-standing keys: rope_scaling applies to the global layers only.
-        full = dict(keys.get("rope_scaling") or {})
+        full = dict(keys.mapping("rope_scaling"))
         full.setdefault("rope_theta", keys.get("rope_theta", GEMMA3_GLOBAL_ROPE_THETA))
         local = {"rope_theta": keys.get("rope_local_base_freq", GEMMA3_LOCAL_ROPE_THETA)}
     rope = {

@@ -37,8 +37,8 @@ GPT_OSS_YARN = dict(
 
 def read_gpt_oss(keys: HFKeys) -> dict[str, Any]:
     common = common_fields(keys)
-    if keys.get("layer_types") is not None:
-        layer_types = tuple(keys.get("layer_types"))
+    if keys.items("layer_types") is not None:
+        layer_types = keys.items("layer_types")
     else:  # even layers slide, odd layers see everything
         layer_types = tuple(
             SLIDING_ATTENTION if i % 2 == 0 else FULL_ATTENTION for i in range(common["num_hidden_layers"])
@@ -61,8 +61,8 @@ def read_gpt_oss(keys: HFKeys) -> dict[str, Any]:
             moe_intermediate_size=mlp.intermediate_size,
             routing=TOPK_THEN_SOFTMAX,
             norm_topk_prob=False,  # the softmax over the k chosen already sums to 1
-            swiglu_limit=float(keys.get("swiglu_limit", 7.0)),
-            swiglu_alpha=float(keys.get("swiglu_alpha", 1.702)),
+            swiglu_limit=keys.get("swiglu_limit", 7.0),
+            swiglu_alpha=keys.get("swiglu_alpha", 1.702),
         ),
     )
 

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from refllm.config_checks import MAX_LAYERS, check_number, check_size
+from refllm.config_checks import MAX_LAYERS, check_flags, check_number, check_size
 from refllm.errors import ConfigError
 from refllm.recipe import GatedMLP, GroupedQueryAttention, NormKind, NormPlacement, Norms
-from refllm.rope_parameters import FULL_ATTENTION, SLIDING_ATTENTION, RopeParameters
+from refllm.rope_parameters import FULL_ATTENTION, LAYER_TYPES, SLIDING_ATTENTION, RopeParameters
 
 
 class HFKeys:
     """config.json access that names the missing key in its error."""
 
     def __init__(self, config: dict[str, Any]):
+        check_flags(config)  # on arrival: the readers take them with bool()
         self.config = config
 
     def require(self, key: str) -> Any:
@@ -35,12 +36,26 @@ class HFKeys:
         value = self.config.get(key)
         return default if value is None else value
 
+    def items(self, key: str) -> tuple[Any, ...] | None:
+        """A JSON list as a tuple, None when absent or null; anything else refused by name."""
+        value = self.config.get(key)
+        if value is not None and not isinstance(value, list):
+            raise ConfigError(f"{key} must be a list; got {value!r:.60}")
+        return None if value is None else tuple(value)
+
+    def mapping(self, key: str) -> dict[str, Any]:
+        """A JSON object, {} when absent or null; anything else refused by name."""
+        value = self.get(key, {})
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key} must be an object; got {value!r:.60}")
+        return value
+
 
 def eos_ids(keys: HFKeys) -> tuple[int, ...]:
     eos = keys.get("eos_token_id")
     if eos is None:
         return ()
-    return tuple(eos) if isinstance(eos, list) else (int(eos),)
+    return tuple(eos) if isinstance(eos, list) else (eos,)  # each checked as a token id by ModelConfig
 
 
 def common_fields(keys: HFKeys) -> dict[str, Any]:
@@ -84,18 +99,18 @@ def rms_norms(
 
 def single_rope(keys: HFKeys, default_theta: float = 10_000.0) -> RopeParameters:
     """One RoPE setting for all layers, from either spelling."""
-    params = dict(keys.get("rope_parameters") or keys.get("rope_scaling") or {})
+    params = dict(keys.mapping("rope_parameters") or keys.mapping("rope_scaling"))
     params.setdefault("rope_theta", keys.get("rope_theta", default_theta))
     if keys.get("partial_rotary_factor") is not None:
         params.setdefault("partial_rotary_factor", keys.get("partial_rotary_factor"))
     if keys.get("original_max_position_embeddings") is not None and "original_max_position_embeddings" not in params:
         params["original_max_position_embeddings"] = keys.get("original_max_position_embeddings")
-    return RopeParameters.from_dict(params, default_theta, int(keys.get("max_position_embeddings", 2048)))
+    return RopeParameters.from_dict(params, default_theta, keys.size("max_position_embeddings", 2048))
 
 
 def window_layer_types(keys: HFKeys, window: int | None, first_window_layer: int) -> tuple[str, ...]:
-    if keys.get("layer_types") is not None:
-        return tuple(keys.get("layer_types"))
+    if keys.items("layer_types") is not None:
+        return keys.items("layer_types")
     n = keys.size("num_hidden_layers", high=MAX_LAYERS)
     return tuple(
         SLIDING_ATTENTION if window is not None and i >= first_window_layer else FULL_ATTENTION for i in range(n)
@@ -103,10 +118,18 @@ def window_layer_types(keys: HFKeys, window: int | None, first_window_layer: int
 
 
 def rope_for_types(layer_types: tuple[str, ...], rope: RopeParameters) -> dict[str, RopeParameters]:
-    return {layer_type: rope for layer_type in set(layer_types)}
+    """``rope`` for each known layer type in ``layer_types`` (an unknown one is refused by ModelConfig)."""
+    return {layer_type: rope for layer_type in LAYER_TYPES if layer_type in layer_types}
+
+
+def expert_count_key(config: dict[str, Any]) -> str:
+    """The key of ``config`` that gives its experts per sparse layer: ``n_routed_experts`` (DeepSeek-V3),
+    ``num_local_experts`` (Mixtral, gpt-oss; transformers 5 for all) or ``num_experts`` (Qwen3-MoE)."""
+    if config.get("model_type") == "deepseek_v3":
+        return "n_routed_experts"
+    return "num_local_experts" if config.get("num_local_experts") is not None else "num_experts"
 
 
 def expert_count(keys: HFKeys) -> int:
-    """Experts per sparse layer: ``num_local_experts`` (Mixtral, gpt-oss; transformers 5 for all) or ``num_experts``."""
-    key = "num_local_experts" if keys.get("num_local_experts") is not None else "num_experts"
-    return keys.size(key)
+    """Experts per sparse layer, refused by name unless a positive integer."""
+    return keys.size(expert_count_key(keys.config))

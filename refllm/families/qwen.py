@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from refllm.config_checks import COUNT, checked
 from refllm.families.family import Architecture, GgufArchitecture
 from refllm.families.keys import (
     HFKeys,
@@ -29,7 +30,8 @@ from refllm.rope_parameters import SLIDING_ATTENTION
 def read_qwen(keys: HFKeys) -> dict[str, Any]:
     # use_sliding_window: false makes the sliding_window value inert.
     window = keys.get("sliding_window") if keys.get("use_sliding_window", False) else None
-    layer_types = window_layer_types(keys, window, int(keys.get("max_window_layers", 28)))
+    first_window_layer = checked(keys.get("max_window_layers", 28), "max_window_layers", COUNT)
+    layer_types = window_layer_types(keys, window, first_window_layer)
     if keys.require("model_type") == "qwen3":
         bias = bool(keys.get("attention_bias", False))
         attention = grouped_query_attention(keys, bias=bias, output_bias=bias, qk_norm=QKNorm.PER_HEAD)

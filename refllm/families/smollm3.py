@@ -52,8 +52,8 @@ def read_smollm3(keys: HFKeys) -> dict[str, Any]:
     window = keys.get("sliding_window") if keys.get("use_sliding_window", False) else None
     if window is None:
         layer_types = (FULL_ATTENTION,) * n
-    elif keys.get("layer_types") is not None:
-        layer_types = tuple(keys.get("layer_types"))
+    elif keys.items("layer_types") is not None:
+        layer_types = keys.items("layer_types")
     else:
         layer_types = tuple(SLIDING_ATTENTION if i in skipped else FULL_ATTENTION for i in range(n))
     bias = bool(keys.get("attention_bias", False))

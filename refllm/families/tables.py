@@ -18,7 +18,7 @@ from the spec's (interleaved RoPE rows) has a ``split`` that reorders it. Sizes:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,8 +50,30 @@ class Tensor:
 
     name: str
     shape: tuple[int, ...]
-    roles: tuple[str, ...]
+    roles: Sequence[str]  # a tuple, or PerExpert
     split: Callable[[Any], tuple] | None = None  # the tensor -> one part per role; None: the tensor itself
+
+
+class PerExpert(Sequence):
+    """The roles of every expert's ``names``, ``<prefix>mlp.experts.<e>.<name>``: name by name, e = 0 .. X - 1.
+
+    Made as they are read, so a table of a hostile expert count costs nothing until the tensor's
+    shape has been compared with the count."""
+
+    def __init__(self, names: tuple[str, ...], count: int, prefix: str = ""):
+        self.names, self.count, self.prefix = names, count, prefix
+
+    def __len__(self) -> int:
+        return len(self.names) * self.count
+
+    def __getitem__(self, index: int) -> str:
+        if not -len(self) <= index < len(self):
+            raise IndexError(index)
+        name, expert = divmod(index % len(self), self.count)
+        return f"{self.prefix}mlp.experts.{expert}.{self.names[name]}"
+
+    def prefixed(self, prefix: str) -> PerExpert:
+        return PerExpert(self.names, self.count, prefix + self.prefix)
 
 
 @dataclass(frozen=True)
@@ -160,10 +182,14 @@ def norm_tensors(c, names: dict[str, str]) -> list[Tensor]:
 
 def layer_prefixed(tensors: list[Tensor], layer: int) -> list[Tensor]:
     """A layer's tensors under their full names, model.layers.{layer}.<name>, with roles layers.{layer}.<role>."""
-    return [
-        Tensor(f"model.layers.{layer}.{t.name}", t.shape, tuple(f"layers.{layer}.{role}" for role in t.roles), t.split)
-        for t in tensors
-    ]
+    prefix = f"layers.{layer}."
+
+    def roles(tensor: Tensor) -> Sequence[str]:
+        return tensor.roles.prefixed(prefix) if isinstance(tensor.roles, PerExpert) else tuple(
+            prefix + role for role in tensor.roles
+        )
+
+    return [Tensor(f"model.layers.{layer}.{t.name}", t.shape, roles(t), t.split) for t in tensors]
 
 
 def is_routed_expert(role: str) -> bool:

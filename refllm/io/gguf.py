@@ -41,7 +41,7 @@ import numpy as np
 from refllm.config import ConfigError, ModelConfig
 from refllm.config_checks import check_layer_count, check_number, check_size, check_token_id
 from refllm.errors import WeightError
-from refllm.families import GGUF_ARCHITECTURES
+from refllm.families import GGUF_ARCHITECTURES, check_expert_count
 from refllm.families.family import GgufArchitecture, GgufFacts
 from refllm.io.gguf_header import GGUFHeader, TensorInfo, map_file
 from refllm.io.gguf_tokenizer import tokenizer_from_gguf, tokenizer_metadata
@@ -142,6 +142,7 @@ class GGUFSource:
         self._tensors = self._map_tensors()  # Hugging Face name -> TensorInfo
         try:
             self.config = ModelConfig.from_hf(self._hf_config())
+            check_expert_count(self.config, self._tensors, f"metadata {self.architecture}.expert_count")
         except ConfigError as e:
             raise GGUFFileError(f"{self.path}: {e}") from None
         self.tokenizer = self._tokenizer()

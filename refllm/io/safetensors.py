@@ -22,6 +22,8 @@ import numpy as np
 
 from refllm.config import ConfigError, ModelConfig
 from refllm.config_checks import check_layer_count
+from refllm.families import check_expert_count
+from refllm.families.keys import expert_count_key
 from refllm.errors import WeightError
 from refllm.io.json_file import parse_json_object, read_json_object
 
@@ -165,6 +167,7 @@ class HFDirectorySource:
         self.checkpoint = SafetensorsCheckpoint(directory)
         unused_layers = self.config.unused_layers
         check_layer_count(self.config.num_hidden_layers, self.checkpoint.names(), str(config_file), unused_layers)
+        check_expert_count(self.config, self.checkpoint.names(), f"{config_file} ({expert_count_key(raw_config)})")
         self.tokenizer = Tokenizer.from_directory(directory)
 
     def tensor_names(self) -> list[str]:

@@ -151,8 +151,10 @@ class Engine:
     def step(self) -> bool:
         """One scheduling step (see the module docstring); False when there was nothing to do.
 
-        If the executor fails unexpectedly, every live request ends with
-        finish_reason "error" (its handle raises the error) and so does this call.
+        A failure of one request's prefill, decode or sampling ends that request alone
+        with finish_reason "error" (its handle raises the error; ``Scheduler`` says how
+        a failed batch is sorted out). Any other failure of the step ends every live
+        request that way, and this call raises it.
         """
         with self._step_lock:
             if self._closed:
@@ -220,6 +222,7 @@ class Engine:
             raise InvalidInputError(
                 f"n={params.n} completions exceed the engine's max_batch_size {self.max_batch_size}"
             )
+        params.check_vocabulary(self.info.vocab_size)
         prompt_ids = check_prompt(self._encode(prompt), self.info.vocab_size).tolist()
         room = self.info.context_length - len(prompt_ids)
         if room < 1:

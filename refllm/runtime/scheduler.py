@@ -15,6 +15,15 @@ Every ``step`` does, in order:
 4. sample each sequence's next token, stream its text (``TextStream``: no half
    characters, stop strings caught whole), and retire finished sequences.
 
+A failure that belongs to one request ends that request alone, with finish_reason
+"error" and the exception for its caller, releasing its caches; the others carry on
+with the tokens they would have produced without it. Its prefill failing, or sampling
+or streaming one of its sequences failing, belongs to it. A ``batch_decode`` that fails
+(other than for blocks) belongs to no one yet: each sequence of the batch is then
+decoded alone, once, and the ones that fail alone are failed, so one sequence's
+failure costs the others one slower step. An executor broken for everyone fails
+every request that way.
+
 ``add``, ``mark_cancelled`` and ``has_work`` may be called from any thread;
 everything else runs under the engine's step lock, one call at a time.
 """
@@ -118,10 +127,14 @@ class Scheduler:
             except CacheCapacityError:
                 self._waiting.appendleft(group)
                 return
+            except Exception as error:  # noqa: BLE001 (this group's own failure: the others carry on)
+                self.fail(group[0].request, error)
+                continue
             self.stats.prefills += 1
             for seq, handle in zip(group, handles):
                 seq.handle = handle
                 self._running.append(seq)
+            for seq in group:
                 self._advance(seq, logits)
 
     async def _prefill(self, group: list[CompletionSequence]) -> tuple[list[KvCacheHandle], np.ndarray]:
@@ -152,18 +165,52 @@ class Scheduler:
                     raise  # check_fits made sure that one sequence alone always fits
                 self._preempt(max(batch, key=lambda s: s.age))
                 continue
-            self.stats.decode_batches += 1
-            self.stats.decoded_tokens += len(batch)
-            self.stats.largest_batch = max(self.stats.largest_batch, len(batch))
+            except Exception as error:  # noqa: BLE001 (whose failure it is shows when each runs alone)
+                if len(batch) == 1:
+                    self.fail(batch[0].request, error)
+                    continue
+                await self._decode_alone(batch)
+                return
+            self._count_decode(len(batch))
             for seq, out in zip(batch, outputs):
-                seq.handle = out.kv_cache
+                seq.handle = out.kv_cache  # every handle first: a failing sequence releases its request's
+            for seq, out in zip(batch, outputs):
                 self._advance(seq, out.logits)
             return
 
+    async def _decode_alone(self, batch: list[CompletionSequence]) -> None:
+        """After a batch_decode failed: each sequence decoded on its own, failing the ones that fail alone."""
+        for seq in batch:
+            if seq.finish_reason is not None:
+                continue  # failed with another sequence of its request
+            try:
+                (out,) = await self.executor.batch_decode([DecodeInput(seq.tokens[-1], seq.handle)])
+            except CacheCapacityError:
+                self._preempt(seq)
+                continue
+            except Exception as error:  # noqa: BLE001 (its own failure)
+                self.fail(seq.request, error)
+                continue
+            self._count_decode(1)
+            seq.handle = out.kv_cache
+            self._advance(seq, out.logits)
+
+    def _count_decode(self, batch_size: int) -> None:
+        self.stats.decode_batches += 1
+        self.stats.decoded_tokens += batch_size
+        self.stats.largest_batch = max(self.stats.largest_batch, batch_size)
+
     def _advance(self, seq: CompletionSequence, logits: np.ndarray) -> None:
-        """Sample the next token from logits [V], stream it, and retire the sequence if it finished."""
-        choice = seq.sampler(logits, seq.request.prompt, seq.tokens)
-        step = seq.stream.feed(choice.token)
+        """Sample the next token from logits [V], stream it, and retire the sequence if it finished; a failure
+        there fails the sequence's request."""
+        if seq.finish_reason is not None:
+            return  # failed with another sequence of its request
+        try:
+            choice = seq.sampler(logits, seq.request.prompt, seq.tokens)
+            step = seq.stream.feed(choice.token)
+        except Exception as error:  # noqa: BLE001 (this sequence's own failure: the others carry on)
+            self.fail(seq.request, error)
+            return
         seq.request.deltas.put(
             CompletionDelta(seq.index, step.text, choice.token, choice.logprob, choice.top_logprobs, step.finish_reason)
         )
@@ -201,14 +248,18 @@ class Scheduler:
         with self._submit_lock:
             failed = list(self.requests.values())
             self._incoming.clear()
-        self._waiting.clear()
         for request in failed:
-            request.error = error
-            for seq in request.sequences:
-                with contextlib.suppress(Exception):  # a failing executor may refuse even a release
-                    self._release(seq)
-                seq.handle = None
-                self._end(seq, "error")
+            self.fail(request, error)
+
+    def fail(self, request: Request, error: BaseException) -> None:
+        """End one request with finish_reason "error" (its handle raises ``error``), releasing its caches."""
+        request.error = error
+        self._waiting = deque(group for group in self._waiting if group[0].request is not request)
+        for seq in request.sequences:
+            with contextlib.suppress(Exception):  # a failing executor may refuse even a release
+                self._release(seq)
+            seq.handle = None
+            self._end(seq, "error")
 
     def drop_cancelled(self) -> None:
         """Retire every sequence of a cancelled request, wherever it is."""

@@ -285,8 +285,10 @@ class OpenAIServer:
             )
 
     def _params(self, body: dict[str, Any], max_tokens: int, logprobs: int | None) -> SamplingParams:
-        max_n = self.engine.max_batch_size
-        return protocol.sampling_params(body, max_tokens=max_tokens, logprobs=logprobs, max_n=max_n)
+        max_n, vocab_size = self.engine.max_batch_size, self.engine.info.vocab_size
+        return protocol.sampling_params(
+            body, max_tokens=max_tokens, logprobs=logprobs, max_n=max_n, vocab_size=vocab_size
+        )
 
     def _meta(self, prefix: str, kind: str) -> dict[str, Any]:
         """The fields every completion object and chunk starts with."""

@@ -8,6 +8,13 @@ and a newcomer past the cap closes the connection that has waited longest withou
 request in progress (itself, when every one has a request running): the open files
 never run out, and a client that sends a request is served. Each refusal is one line
 in the log.
+
+Two more rules for every connection ``server_config`` serves: a response sent before the
+request's body was read whole (a 408 for a body too slow, a 413, a refusal before the
+body is read) carries ``Connection: close`` and the connection closes after it, so that
+the rest of that body is never read as a next request (RFC 9110, 15.5.9); and the
+access log shows each request's path without its query string, which could carry a
+credential (``?api_key=...``).
 """
 
 from __future__ import annotations
@@ -21,12 +28,14 @@ from typing import Any
 
 import h11
 import uvicorn
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from refllm.server.limits import ACCEPT_BACKLOG, ServerLimits
 from refllm.server.protocol import RequestError
 
 logger = logging.getLogger("uvicorn.error")
+CLOSE = (b"connection", b"close")
 
 
 class GuardedH11Protocol(H11Protocol):
@@ -97,6 +106,49 @@ class GuardedH11Protocol(H11Protocol):
             self.transport.close()
 
 
+class CloseAfterUnreadBody:
+    """ASGI wrapper: a response that starts before the request's body was read whole says ``Connection: close``,
+    and h11 then closes the connection once the response is sent."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        unread = headers.get(b"content-length", b"0").strip() != b"0" or b"transfer-encoding" in headers
+
+        async def reading() -> Message:
+            nonlocal unread
+            message = await receive()
+            if message["type"] == "http.request" and not message.get("more_body", False):
+                unread = False
+            return message
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start" and unread and CLOSE not in message.get("headers", []):
+                message = {**message, "headers": [*message.get("headers", []), CLOSE]}
+            await send(message)
+
+        await self.app(scope, reading, sending)
+
+
+class NoQueryStrings(logging.Filter):
+    """Keeps query strings out of uvicorn's access log: one could carry a credential (``?api_key=...``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) == 5 and isinstance(args[2], str) and "?" in args[2]:
+            client, method, path, version, status = args
+            record.args = (client, method, path.partition("?")[0] + "?[query string not logged]", version, status)
+        return True
+
+
+ACCESS_LOG_FILTER = NoQueryStrings()
+
+
 class GuardedServer(uvicorn.Server):
     """A uvicorn server whose event loop logs a failed accept (out of open files, say) as one line, not a traceback."""
 
@@ -114,14 +166,15 @@ def _one_line_for_os_errors(loop: asyncio.AbstractEventLoop, context: dict[str, 
 
 
 def server_config(app: Any, host: str, port: int, **options: Any) -> uvicorn.Config:
-    """uvicorn's config for the app, with the guarded protocol and the timeouts and connection cap of the app's
-    limits (``create_app``'s, or the defaults for another app)."""
+    """uvicorn's config for the app, with the guarded protocol, the timeouts and connection cap of the app's
+    limits (``create_app``'s, or the defaults for another app), the close after an unread body and the access
+    log without query strings."""
     limits = getattr(getattr(app, "state", None), "limits", None) or ServerLimits()
     protocol = functools.partial(
         GuardedH11Protocol, header_timeout=limits.header_timeout, max_connections=limits.connection_limit()
     )
-    return uvicorn.Config(
-        app,
+    config = uvicorn.Config(
+        CloseAfterUnreadBody(app),
         host=host,
         port=port,
         http=protocol,  # type: ignore[arg-type]
@@ -130,3 +183,5 @@ def server_config(app: Any, host: str, port: int, **options: Any) -> uvicorn.Con
         timeout_keep_alive=limits.idle_timeout,  # type: ignore[arg-type]
         **options,
     )
+    logging.getLogger("uvicorn.access").addFilter(ACCESS_LOG_FILTER)  # after the config has set up uvicorn's logging
+    return config

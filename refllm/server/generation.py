@@ -32,7 +32,11 @@ _Item = tuple[int, "CompletionDelta | Exception | None"]  # (prompt index, a del
 
 
 class EngineFailure(Exception):
-    """The engine failed while generating: a fault of the server, not of the request."""
+    """The engine failed while generating this request (its own failure: the other requests carry on).
+
+    Every parameter is checked before the request is queued, so what fails later (the forward
+    pass, logits with NaN) is a fault of the server, answered 500 with the cause.
+    """
 
 
 class Generation:
@@ -67,7 +71,7 @@ class Generation:
             if item is None:
                 ended += 1
             elif isinstance(item, Exception):
-                raise EngineFailure(f"the engine failed: {item}") from item
+                raise EngineFailure(f"the engine failed on this request: {item}") from item
             elif item.finish_reason not in ("cancelled", "error"):
                 self.completion_tokens += item.token_id is not None
                 yield k * self._n + item.index, item

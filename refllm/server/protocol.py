@@ -13,12 +13,17 @@ import json
 import math
 from typing import Any
 
-from refllm.runtime.sampling import SamplingParams
+from refllm.runtime.sampling import (
+    LOGIT_BIAS_LIMIT,
+    MAX_LOGIT_BIAS_TOKENS,
+    REPETITION_PENALTY_RANGE,
+    SamplingParams,
+    SamplingParamsError,
+)
 
 MAX_TOP_LOGPROBS = 20
 # Fields whose non-default values this server cannot honour, and the values that are harmless.
 UNSUPPORTED = {
-    "logit_bias": ({},),
     "suffix": ("",),
     "echo": (False,),
     "tools": ([],),
@@ -89,18 +94,27 @@ def _lone_surrogate(body: dict[str, Any]) -> str | None:
 
 
 def number(
-    body: dict[str, Any], name: str, default: float, low: float, high: float = math.inf, *, open_low: bool = False
+    body: dict[str, Any],
+    key: str,
+    default: float,
+    low: float,
+    high: float = math.inf,
+    *,
+    open_low: bool = False,
+    name: str | None = None,
 ) -> float:
-    """A finite number in [low, high] (in (low, high] with ``open_low``); absent or null gives ``default``."""
-    value = body.get(name)
+    """A finite number in [low, high] (in (low, high] with ``open_low``); absent or null gives ``default``.
+    A refusal names ``name`` (default ``key``)."""
+    name = name or key
+    value = body.get(key)
     if value is None:
         return default
     is_number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if not (is_number and (low < value if open_low else low <= value) and value <= high):
         if high == math.inf:
-            bounds = f"> {low}" if open_low else f">= {low}"
+            bounds = f"> {low:g}" if open_low else f">= {low:g}"
         else:
-            bounds = f"in {'(' if open_low else '['}{low}, {high}]"
+            bounds = f"in {'(' if open_low else '['}{low:g}, {high:g}]"
         raise RequestError(f"{name} must be a number {bounds}; got {value!r:.50}", param=name)
     return float(value)
 
@@ -155,27 +169,61 @@ def stop_strings(body: dict[str, Any]) -> tuple[str, ...]:
     return tuple(stops)
 
 
-def sampling_params(body: dict[str, Any], *, max_tokens: int, logprobs: int | None, max_n: int) -> SamplingParams:
+def sampling_params(
+    body: dict[str, Any], *, max_tokens: int, logprobs: int | None, max_n: int, vocab_size: int
+) -> SamplingParams:
     """The sampling fields shared by completions and chat completions (OpenAI's defaults) -> SamplingParams.
 
     ``top_k``, ``min_p``, ``repetition_penalty`` and ``ignore_eos`` are accepted as
-    extensions, with the names vLLM gives them.
+    extensions, with the names vLLM gives them. A value SamplingParams refuses (a
+    temperature between 0 and its floor, say) is refused naming its field.
     """
-    return SamplingParams(
-        temperature=number(body, "temperature", 1.0, 0.0, 2.0),
-        top_p=number(body, "top_p", 1.0, 0.0, 1.0, open_low=True),
-        top_k=integer(body, "top_k", 0, 0),
-        min_p=number(body, "min_p", 0.0, 0.0, 1.0),
-        repetition_penalty=number(body, "repetition_penalty", 1.0, 0.0, open_low=True),
-        presence_penalty=number(body, "presence_penalty", 0.0, -2.0, 2.0),
-        frequency_penalty=number(body, "frequency_penalty", 0.0, -2.0, 2.0),
-        seed=integer(body, "seed", None, 0),
-        max_tokens=max_tokens,
-        stop=stop_strings(body),
-        logprobs=logprobs,
-        n=integer(body, "n", 1, 1, max_n),
-        ignore_eos=boolean(body, "ignore_eos"),
-    )
+    try:
+        return SamplingParams(
+            temperature=number(body, "temperature", 1.0, 0.0, 2.0),
+            top_p=number(body, "top_p", 1.0, 0.0, 1.0, open_low=True),
+            top_k=integer(body, "top_k", 0, 0),
+            min_p=number(body, "min_p", 0.0, 0.0, 1.0),
+            repetition_penalty=number(body, "repetition_penalty", 1.0, *REPETITION_PENALTY_RANGE),
+            presence_penalty=number(body, "presence_penalty", 0.0, -2.0, 2.0),
+            frequency_penalty=number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+            seed=integer(body, "seed", None, 0),
+            max_tokens=max_tokens,
+            stop=stop_strings(body),
+            logprobs=logprobs,
+            n=integer(body, "n", 1, 1, max_n),
+            ignore_eos=boolean(body, "ignore_eos"),
+            logit_bias=logit_bias(body, vocab_size),
+        )
+    except SamplingParamsError as error:
+        raise RequestError(str(error), param=error.name) from None
+
+
+def logit_bias(body: dict[str, Any], vocab_size: int) -> dict[int, float]:
+    """OpenAI's ``logit_bias``: an object from token ids (as JSON's string keys) to biases in [-100, 100]; a bad
+    entry is refused naming its key (``logit_bias.50256``)."""
+    value = body.get("logit_bias")
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise RequestError("logit_bias must be an object mapping token ids to biases", param="logit_bias")
+    if len(value) > MAX_LOGIT_BIAS_TOKENS:
+        raise RequestError(
+            f"logit_bias names {len(value)} tokens; this server takes at most {MAX_LOGIT_BIAS_TOKENS}",
+            param="logit_bias",
+        )
+    bias: dict[int, float] = {}
+    for key, amount in value.items():
+        param = f"logit_bias.{key:.40}"
+        if not (key.isascii() and key.isdigit() and len(key) <= 10):
+            raise RequestError(f"logit_bias keys must be token ids (whole numbers >= 0); got {key!r:.40}", param=param)
+        token = int(key)
+        if token >= vocab_size:
+            raise RequestError(f"logit_bias names token {token}, outside the vocabulary [0, {vocab_size})", param=param)
+        if token in bias:
+            raise RequestError(f"logit_bias names token {token} twice", param=param)
+        bias[token] = number(value, key, 0.0, -LOGIT_BIAS_LIMIT, LOGIT_BIAS_LIMIT, name=param)
+    return bias
 
 
 def token_id_lists(value: Any) -> list[list[int]] | None:
@@ -253,9 +301,17 @@ def completion_logprobs(entries: list[TokenLogprob], offset: int) -> dict[str, A
     return {
         "tokens": [t for t, _, _ in entries],
         "token_logprobs": [clamp(lp) for _, lp, _ in entries],
-        "top_logprobs": [{a: clamp(alp) for a, alp in top} for _, _, top in entries],
+        "top_logprobs": [_most_likely_per_text(top) for _, _, top in entries],
         "text_offset": offsets,
     }
+
+
+def _most_likely_per_text(top: list[tuple[str, float]]) -> dict[str, float]:
+    """A top-n (most likely first) keyed by text: tokens that decode alike keep the first, most likely, value."""
+    by_text: dict[str, float] = {}
+    for text, logprob in top:
+        by_text.setdefault(text, clamp(logprob))
+    return by_text
 
 
 def sse(data: dict[str, Any] | str) -> str:
