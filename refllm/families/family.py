@@ -33,6 +33,9 @@ class Architecture:
     # model type has no tiny config of its own (Gemma 3's multimodal wrapper).
     tiny_config: dict[str, Any] | None = None
     experts: ExpertNames | None = None  # where its files put a sparse layer's tensors
+    # config.json keys of its own the kit's hypothesis draws vary (refllm/testing/strategies.py), each
+    # drawn from the values given; families with a branch of their own there leave it empty
+    drawn_keys: dict[str, tuple[Any, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

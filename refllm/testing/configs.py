@@ -37,6 +37,8 @@ def check_architectures(names) -> tuple[str, ...]:
 CLASS_NAMES = {  # the transformers causal-LM class of each architecture, for config.json's "architectures"
     model_type: MODEL_TYPES[model_type].hf_class for model_type in ARCHITECTURES
 }
+# config.json keys of its own each family's draws vary (strategies.py), with the values to draw from
+DRAWN_KEYS = {model_type: MODEL_TYPES[model_type].drawn_keys for model_type in ARCHITECTURES}
 
 
 def tiny_config_json(model_type: str, sliding_window: int = 5) -> dict[str, Any]:
