@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 import refllm
+from refllm.families import FAMILY_MODULES
 
 PACKAGE = Path(refllm.__file__).parent
 MAX_LINES = 400
@@ -116,7 +117,9 @@ def test_the_spec_imports_nothing_but_the_spec():
 def listed_modules(doc: str) -> set[str]:
     """The modules the first code block of docs/architecture.md names, as paths under refllm/ ("nn/rope.py";
     a package as its folder, "nn/"). A line names modules when its first column (up to two spaces) is made of
-    names ending in ".py" or "/"; a name ending in "/" opens a package for the lines indented under it."""
+    names ending in ".py" or "/"; a name ending in "/" opens a package for the lines indented under it.
+    "<family>.py" stands for the family modules the registry names (a new family is its module and a line
+    there, not a line here too)."""
     block = doc.split("```")[1]
     listed, packages = set(), []  # packages: (indent, path) of the open folders
     for line in block.splitlines()[2:]:  # past the language tag and the "refllm/" root
@@ -126,7 +129,8 @@ def listed_modules(doc: str) -> set[str]:
             continue  # a description carried over from the line above
         packages = [(level, path) for level, path in packages if level < indent]
         prefix = packages[-1][1] if packages else ""
-        listed |= {prefix + name for name in names}
+        listed |= {prefix + name for name in names if name != "<family>.py"}
+        listed |= {f"{prefix}{family}.py" for family in FAMILY_MODULES if "<family>.py" in names}
         packages += [(indent, prefix + name) for name in names if name.endswith("/")]
     return listed
 
