@@ -494,6 +494,11 @@ class ReleaseKeepsKV(_LLMProxy):
             raise KeyError(f"cache id {cache_id} was released")
         return self.inner.decode(cache_id, token, self.inner.length(cache_id))
 
+    def decode_batch(self, items):
+        if any(cache_id in self.released for cache_id, _, _ in items):
+            raise KeyError("a cache id of the batch was released")
+        return self.inner.decode_batch([(cache_id, token, self.inner.length(cache_id)) for cache_id, token, _ in items])
+
     def release(self, cache_id):
         if cache_id in self.released or cache_id not in self.inner:
             raise KeyError(f"unknown cache id {cache_id}")
