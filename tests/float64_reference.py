@@ -66,6 +66,7 @@ def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
 def _one_token(config: ModelConfig, w: dict, cache: list, token: int, position: int, seq_len: int) -> np.ndarray:
     c, a = config, config.attention
     placement = c.norms.placement
+    residual = 1.0 if c.residual_scale is None else c.residual_scale
     x = w["model.embed_tokens.weight"][token] * c.embedding_scale
     for layer in range(c.num_hidden_layers):
         p = f"model.layers.{layer}."
@@ -94,7 +95,7 @@ def _one_token(config: ModelConfig, w: dict, cache: list, token: int, position: 
         out = w[p + "self_attn.o_proj.weight"] @ attended.reshape(-1) + w.get(p + "self_attn.o_proj.bias", 0.0)
         if placement in (NormPlacement.SANDWICH, NormPlacement.POST):
             out = _norm(out, w[p + "post_attention_layernorm.weight"], c)
-        x = x + out
+        x = x + out * residual  # Granite's residual_multiplier (1 elsewhere)
         if placement is NormPlacement.POST:
             h = x
         else:
@@ -108,10 +109,12 @@ def _one_token(config: ModelConfig, w: dict, cache: list, token: int, position: 
             m = _experts(w, p, h, c)
         if placement in (NormPlacement.SANDWICH, NormPlacement.POST):
             m = _norm(m, w[p + "post_feedforward_layernorm.weight"], c)
-        x = x + m
+        x = x + m * residual
     x = _norm(x, w["model.norm.weight"], c)
     head = w["model.embed_tokens.weight"] if c.tie_word_embeddings else w["lm_head.weight"]
     logits = head @ x
+    if c.logit_scale is not None:  # Granite: 1 / logits_scaling
+        logits = logits * c.logit_scale
     if c.final_logit_softcapping:  # squash into (-cap, cap)
         logits = np.array([c.final_logit_softcapping * math.tanh(z / c.final_logit_softcapping) for z in logits])
     return logits

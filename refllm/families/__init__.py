@@ -37,6 +37,7 @@ FAMILY_MODULES = (
     "qwen3_moe",
     "gpt_oss",
     "deepseek",
+    "granite",
 )
 _MODULES = [importlib.import_module(f"refllm.families.{name}") for name in FAMILY_MODULES]
 
