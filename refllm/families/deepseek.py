@@ -31,7 +31,15 @@ from refllm.errors import ConfigError
 from refllm.families.experts import sparse_layer_tensors
 from refllm.families.family import Architecture
 from refllm.families.keys import HFKeys, common_fields, gated_mlp, rms_norms, single_rope
-from refllm.families.tables import PRE_NORMS, ExpertNames, Tensor, dense_mlp_tensors, norm_tensors, one
+from refllm.families.tables import (
+    PRE_NORMS,
+    ExpertNames,
+    Tensor,
+    dense_mlp_tensors,
+    norm_tensors,
+    one,
+    rotate_half_rows,
+)
 from refllm.moe_parameters import GroupedExperts
 from refllm.recipe import LatentAttention
 from refllm.rope_parameters import FULL_ATTENTION, RopeParameters
@@ -114,8 +122,8 @@ def latent_attention_tensors(c) -> list[Tensor]:
     that make RoPE's dims reordered to rotate-half when the checkpoint interleaves them."""
     a, D = c.attention, c.hidden_size
     H, Q, C = a.num_heads, a.q_lora_rank, a.kv_lora_rank
-    q_rows = _rope_rows(a.qk_head_dim, a.qk_rope_head_dim, H, a.rope_interleave)
-    kv_rows = _rope_rows(a.cache_width, a.qk_rope_head_dim, 1, a.rope_interleave)
+    q_rows = rotate_half_rows(a.qk_head_dim, a.qk_rope_head_dim, H, a.rope_interleave)
+    kv_rows = rotate_half_rows(a.cache_width, a.qk_rope_head_dim, 1, a.rope_interleave)
 
     def rotate_half(rows: np.ndarray):
         return lambda tensor: tensor[rows]
@@ -143,15 +151,6 @@ def latent_attention_tensors(c) -> list[Tensor]:
         if Q is not None:
             tensors.append(one("self_attn.q_a_proj.bias", (Q,), "attention.q_a_proj_bias"))
     return tensors
-
-
-def _rope_rows(width: int, rope_dim: int, heads: int, interleaved: bool) -> np.ndarray:
-    """Row order that turns each block of ``width`` rows, its last ``rope_dim`` interleaved, into rotate-half."""
-    within = np.arange(width)
-    if interleaved:
-        start = width - rope_dim
-        within[start:] = start + np.concatenate([np.arange(0, rope_dim, 2), np.arange(1, rope_dim, 2)])
-    return (np.arange(heads)[:, None] * width + within).ravel()
 
 
 # Latent attention and grouped experts, tiny; transformers' latent attention needs K = H.

@@ -105,6 +105,17 @@ def rows(*sizes: int) -> Callable[[Any], tuple]:
     return split
 
 
+def rotate_half_rows(width: int, rope_dim: int, heads: int, interleaved: bool = True) -> np.ndarray:
+    """The row order that makes a projection's RoPE rows rotate-half (``refllm/nn/rope.py``): in each of ``heads``
+    blocks of ``width`` rows, the last ``rope_dim`` pair dims (2i, 2i + 1) when ``interleaved``; they become
+    (i, i + rope_dim / 2). A common permutation of queries and keys leaves q.k as it was."""
+    within = np.arange(width)
+    if interleaved:
+        start = width - rope_dim
+        within[start:] = start + np.concatenate([np.arange(0, rope_dim, 2), np.arange(1, rope_dim, 2)])
+    return (np.arange(heads)[:, None] * width + within).ravel()
+
+
 def model_tensors(c) -> list[Tensor]:
     """The embedding, the final norm and (unless tied to the embedding) the LM head."""
     D, V = c.hidden_size, c.vocab_size

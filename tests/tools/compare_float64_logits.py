@@ -19,7 +19,8 @@ tests/data/hf and the real SmolLM2 GGUF file when $REFLLM_HOME holds it):
 
 ``compare`` says, per model and run, whether the float64 logits are bit-identical
 (``np.array_equal``) and how far the float32 ones moved (largest difference over
-the largest logit), and exits 1 when a float64 array differs or is missing.
+the largest logit), and exits 1 when a float64 array of the earlier run differs or is
+missing from the later one (models new in the later run are listed as new).
 """
 
 from __future__ import annotations
@@ -107,9 +108,12 @@ def compare(before_path: Path, after_path: Path) -> int:
     before, after = np.load(before_path), np.load(after_path)
     failures = 0
     for key in sorted(set(before.files) | set(after.files)):
-        if key not in before.files or key not in after.files:
-            print(f"{key:60s} only in {'after' if key in after.files else 'before'}")
+        if key not in after.files:
+            print(f"{key:60s} MISSING")
             failures += key.split("/")[1] == "float64"
+            continue
+        if key not in before.files:
+            print(f"{key:60s} new (a model the earlier run did not have)")
             continue
         old, new = before[key], after[key]
         same = old.shape == new.shape and np.array_equal(old, new)
@@ -119,8 +123,8 @@ def compare(before_path: Path, after_path: Path) -> int:
         else:
             moved = np.max(np.abs(old - new)) / np.max(np.abs(old)) if old.shape == new.shape else np.inf
             print(f"{key:60s} {'bit-identical' if same else f'moved {moved:.2e} of the largest logit'}")
-    float64_keys = sum(key.split("/")[1] == "float64" for key in after.files)
-    print(f"{float64_keys} float64 arrays, {failures} different or missing")
+    compared = sum(key.split("/")[1] == "float64" and key in after.files for key in before.files)
+    print(f"{compared} float64 arrays compared, {failures} different or missing")
     return 1 if failures else 0
 
 
