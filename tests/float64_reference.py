@@ -5,7 +5,8 @@ purpose differently: it reads the checkpoint's bytes itself, runs one token at a
 time, loops over heads and keys, rotates query/key pairs as complex numbers,
 and computes the RoPE frequencies anew from transformers' definitions. DeepSeek's
 latent attention decompresses every cached latent per head and rotates its
-interleaved RoPE pairs as they come; its router sorts Python lists. It
+interleaved RoPE pairs as they come, as do Cohere's q and k; DeepSeek's router
+sorts Python lists. It
 shares only the parsed ``ModelConfig`` (hyper-parameters, which the parity
 tests check against transformers).
 
@@ -25,7 +26,10 @@ import numpy as np
 
 from refllm.config import ModelConfig, RopeParameters
 from refllm.moe_parameters import GroupedExperts
-from refllm.recipe import LatentAttention, NormPlacement, QKNorm
+from refllm.recipe import LatentAttention, NormKind, NormPlacement, QKNorm
+
+# Model types whose checkpoints pair RoPE dims (2i, 2i + 1), as their transformers code rotates them
+INTERLEAVED_ROPE = ("cohere",)
 
 
 def reference_logits(directory: Path, token_ids: list[int], chunks: list[int]) -> np.ndarray:
@@ -81,12 +85,14 @@ def _one_token(config: ModelConfig, w: dict, cache: list, token: int, position: 
                 q = _norm(q, w[p + "self_attn.q_norm.weight"], c)
                 k = _norm(k, w[p + "self_attn.k_norm.weight"], c)
             q, k, v = q.reshape(H, E), k.reshape(K, E), v.reshape(K, E)
-            if a.qk_norm is QKNorm.PER_HEAD:
-                q = np.stack([_norm(row, w[p + "self_attn.q_norm.weight"], c) for row in q])
-                k = np.stack([_norm(row, w[p + "self_attn.k_norm.weight"], c) for row in k])
+            if a.qk_norm is QKNorm.PER_HEAD:  # a weight [E] all heads share, or (Cohere) a row of [H, E] per head
+                q_norm, k_norm = w[p + "self_attn.q_norm.weight"], w[p + "self_attn.k_norm.weight"]
+                q = np.stack([_norm(row, q_norm[i] if q_norm.ndim == 2 else q_norm, c) for i, row in enumerate(q)])
+                k = np.stack([_norm(row, k_norm[i] if k_norm.ndim == 2 else k_norm, c) for i, row in enumerate(k)])
             if layer not in c.nope_layers:  # a NoPE layer attends with unrotated queries and keys
                 rope = c.rope_for_layer(layer)
-                q, k = _rotate(q, rope, c, position, seq_len), _rotate(k, rope, c, position, seq_len)
+                rotate = _rotate_pairs if c.model_type in INTERLEAVED_ROPE else _rotate
+                q, k = rotate(q, rope, c, position, seq_len), rotate(k, rope, c, position, seq_len)
             keys, values = cache[layer]
             keys.append(k)
             values.append(v)
@@ -95,6 +101,9 @@ def _one_token(config: ModelConfig, w: dict, cache: list, token: int, position: 
         out = w[p + "self_attn.o_proj.weight"] @ attended.reshape(-1) + w.get(p + "self_attn.o_proj.bias", 0.0)
         if placement in (NormPlacement.SANDWICH, NormPlacement.POST):
             out = _norm(out, w[p + "post_attention_layernorm.weight"], c)
+        if placement is NormPlacement.PARALLEL:  # Cohere: the MLP reads the normed x attention read
+            x = x + out + _mlp(w, p + "mlp.", h, c)
+            continue
         x = x + out * residual  # Granite's residual_multiplier (1 elsewhere)
         if placement is NormPlacement.POST:
             h = x
@@ -121,6 +130,10 @@ def _one_token(config: ModelConfig, w: dict, cache: list, token: int, position: 
 
 
 def _norm(x: np.ndarray, weight: np.ndarray, c: ModelConfig, eps: float | None = None) -> np.ndarray:
+    """The model's norm: RMSNorm (eps given: latent attention's, always RMS), or Cohere's LayerNorm."""
+    if c.norms.kind is NormKind.LAYER and eps is None:
+        centred = x - sum(x) / x.size
+        return centred / math.sqrt(sum(centred * centred) / x.size + c.norms.eps) * weight
     rms = np.linalg.norm(x) / math.sqrt(x.size)
     return x / math.sqrt(rms * rms + (c.norms.eps if eps is None else eps)) * (c.norms.weight_offset + weight)
 

@@ -210,6 +210,11 @@ CASES: dict[str, tuple[str, dict, str]] = {
         ),
         "float32",
     ),
+    # Cohere's Command-R: attention and the MLP side by side on one LayerNorm (no bias), logits scaled, RoPE
+    # pairs interleaved; untied, so the greedy tokens do not settle on one (its config ties by default)
+    "cohere": ("CohereConfig", dict(use_qk_norm=True, logit_scale=0.25, tie_word_embeddings=False), "float32"),
+    # no q/k norm, biases on the q/k/v/o projections, transformers' default logit scale
+    "cohere-no-qk-norm": ("CohereConfig", dict(attention_bias=True, tie_word_embeddings=False), "float32"),
 }
 ROUTER_SPREAD = 3.0  # router weights scaled so no token's top-k is decided by float rounding
 

@@ -38,6 +38,7 @@ FAMILY_MODULES = (
     "gpt_oss",
     "deepseek",
     "granite",
+    "cohere",
 )
 _MODULES = [importlib.import_module(f"refllm.families.{name}") for name in FAMILY_MODULES]
 
