@@ -380,7 +380,7 @@ class _KeyUnrotatedAttention:
         self.block = block
 
     def __call__(self, x, positions, cache, seq_ids):
-        w, rank = self.block.w, self.block.recipe.kv_lora_rank
+        w, rank = self.block.w, self.block.widths[-1]  # C, the latent's width
         compressed = self.block.ops.linear(x, w.kv_a_proj_with_mqa, w.kv_a_proj_with_mqa_bias)
         return self.block(x, positions, _RopeKeyUnrotated(cache, compressed[:, :, None, rank:], rank), seq_ids)
 

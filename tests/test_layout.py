@@ -144,3 +144,46 @@ def test_the_architecture_doc_lists_every_module():
     assert {"missing from the doc": sorted(tree - listed), "not in the tree": sorted(listed - tree)} == {
         "missing from the doc": [], "not in the tree": []
     }
+
+
+# Family names as prose spells them (llama3 is a RoPE type, llama.cpp a program)
+FAMILY_NAME = re.compile(
+    r"\b(llama(?!3|\.cpp)|mistral|qwen|phi-?3|gemma|smollm|olmo|mixtral|deepseek|gpt[-_ ]?oss|granite|cohere|command-r)",
+    re.IGNORECASE,
+)
+
+
+def test_the_spec_names_no_family():
+    """nn/ is the math alone: which family uses what is its family module's to say (refllm/families/)."""
+    named = {f"{name}: {match.group(0)}" for name, path in MODULES.items() if name.startswith("refllm.nn")
+             for match in FAMILY_NAME.finditer(path.read_text())}  # fmt: skip
+    assert named == set()
+
+
+def hot_paths() -> dict[str, ast.FunctionDef]:
+    """The forward pass and what it calls per layer: DecoderModel._forward and every block's __call__."""
+    found = {}
+    for name in ("refllm.models.decoder", "refllm.models.blocks", "refllm.models.attention"):
+        for node in ast.walk(ast.parse(MODULES[name].read_text())):
+            if isinstance(node, ast.ClassDef):
+                for function in node.body:
+                    if isinstance(function, ast.FunctionDef) and function.name in ("__call__", "_forward"):
+                        found[f"{node.name}.{function.name}"] = function
+    return found
+
+
+def test_the_forward_pass_asks_no_family_anything():
+    """Every choice of a family's recipe is made at load, into the blocks: the forward pass and the blocks' calls
+    branch on nothing, read no config and name no family."""
+    paths = hot_paths()
+    assert {"DecoderModel._forward", "DecoderLayer.__call__", "GroupedQueryAttentionBlock.__call__"} <= set(paths)
+    asked = []
+    for name, function in paths.items():
+        for node in ast.walk(function):
+            if isinstance(node, (ast.If, ast.IfExp, ast.Match)):
+                asked.append(f"{name} branches at line {node.lineno}")
+            if isinstance(node, ast.Attribute) and node.attr in ("config", "recipe", "model_type"):
+                asked.append(f"{name} reads .{node.attr} at line {node.lineno}")
+        if FAMILY_NAME.search(ast.unparse(function)):
+            asked.append(f"{name} names a family")
+    assert asked == []

@@ -94,8 +94,9 @@ class LatentAttentionBlock:
 
     def __init__(self, layer: int, recipe: LatentAttention, w: LatentAttentionWeights, ops: OpSet,
                  angles: Angles, window: int | None):  # fmt: skip
-        self.layer, self.w, self.recipe, self.ops = layer, w, recipe, ops
-        self.angles, self.window = angles, window
+        self.layer, self.w, self.ops = layer, w, ops
+        self.angles, self.window, self.scale = angles, window, recipe.scale
+        self.widths = (recipe.num_heads, recipe.qk_head_dim, recipe.qk_nope_head_dim, recipe.kv_lora_rank)
         self.query = self._plain_query if w.q_proj is not None else self._low_rank_query
         self.attend = functools.partial(ops.latent_attention, kv_b_proj=w.kv_b_proj, nope_dim=recipe.qk_nope_head_dim)
 
@@ -108,9 +109,8 @@ class LatentAttentionBlock:
         return ops.linear(low, w.q_b_proj)
 
     def __call__(self, x: np.ndarray, positions: np.ndarray, cache: KVCache, seq_ids: list) -> np.ndarray:
-        (B, T, _), w, ops, recipe = x.shape, self.w, self.ops, self.recipe
-        N, C = recipe.qk_nope_head_dim, recipe.kv_lora_rank
-        q = self.query(x).reshape(B, T, recipe.num_heads, recipe.qk_head_dim)
+        (B, T, _), (H, width, N, C), w, ops = x.shape, self.widths, self.w, self.ops
+        q = self.query(x).reshape(B, T, H, width)  # [B, T, H, N + P]
         compressed = ops.linear(x, w.kv_a_proj_with_mqa, w.kv_a_proj_with_mqa_bias)  # [B, T, C + P]
         kv = ops.rms_norm(compressed[..., :C], w.kv_a_layernorm, LATENT_NORM_EPS, 0.0)  # [B, T, C]
         cos, sin = self.angles(positions)
@@ -118,5 +118,5 @@ class LatentAttentionBlock:
         k_rope = ops.apply_rope(compressed[:, :, None, C:], cos, sin)  # [B, T, 1, P]: one key for all heads
         cached = np.concatenate([kv[:, :, None, :], k_rope], axis=-1)  # [B, T, 1, C + P]
         cache.write(self.layer, seq_ids, cached, cached[..., :0])  # no values: they come from the latent
-        out = cache.attention(self.layer, seq_ids, q, recipe.scale, self.window, None, self.attend)
+        out = cache.attention(self.layer, seq_ids, q, self.scale, self.window, None, self.attend)
         return ops.linear(out.reshape(B, T, -1), w.o_proj, w.o_proj_bias)  # out: [B, T, H, U]

@@ -10,7 +10,7 @@ For a query at position p and the keys at positions j = 0 .. S-1:
 Grouped-query attention is the integer divide in g(h): H query heads share K
 key/value heads, H / K queries per group (multi-head attention is K = H).
 
-Attention sinks (gpt-oss) add one learned logit s[h] per head to the softmax's
+Attention sinks add one learned logit s[h] per head to the softmax's
 denominator, a key that every query sees and that carries no value:
 
     out[h]      = sum_j exp(score[h, j]) / (exp(s[h]) + sum_j' exp(score[h, j'])) * v[g(h), j]

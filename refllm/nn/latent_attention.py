@@ -1,4 +1,4 @@
-"""Multi-head latent attention (MLA, DeepSeek-V2/V3): keys and values decompressed from one small latent.
+"""Multi-head latent attention (MLA): keys and values decompressed from one small latent.
 
 Letters beyond the legend: C the latent width (``kv_lora_rank``), N the per-head
 query/key dims without RoPE (``qk_nope_head_dim``), P the RoPE dims
@@ -15,10 +15,10 @@ query's low-rank width (``q_lora_rank``). For a normed hidden state x [D]:
     attention  out = attention(q, k, v, scale)              [H, U], then o_proj
 
 The cache keeps the latent, not the H keys and values it expands into: per token
-and layer C + P numbers instead of 2 K E (DeepSeek-V3: 512 + 64 = 576 against
-2 x 128 x 192 = 49152 for its 128 heads without the latent). The price is
-``expand_latent`` on every cached token at every step. DeepSeek's own inference
-folds kv_b_proj into the query and the output instead ("absorption"): with
+and layer C + P numbers instead of 2 K E (with C = 512, P = 64 and 128 heads of
+192: 576 numbers against 2 x 128 x 192 = 49152). The price is ``expand_latent``
+on every cached token at every step. An implementation can fold kv_b_proj into
+the query and the output instead ("absorption"): with
 W_k[h] [N, C] and W_v[h] [U, C] the rows of kv_b_proj that make head h's key
 and value,
 
@@ -29,8 +29,8 @@ which is multi-query attention over the cached latents themselves, keys
 [c | k_rope] and values c. ``refllm.kernels.latent_attention.absorbed_latent_attention``
 is that twin, the fast op set's; the expanded form above is the spec.
 
-The latent norms use eps 1e-6 whatever the config's ``rms_norm_eps`` (as
-DeepSeek's code and transformers build them).
+The latent norms use eps 1e-6 whatever the model's other norms use (as the
+reference implementation and transformers build them).
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
     logits = softcap( scale * (h W^T) )        W: [V, D], the embedding table when tied
 
-``scale`` multiplies the logits (Cohere's ``logit_scale``; Granite divides by its
-``logits_scaling``, a scale of 1 / logits_scaling), ``softcap`` squashes them into
-(-cap, cap) (Gemma's final soft-cap, ``refllm/nn/softcap.py``); either may be absent.
+``scale`` multiplies the logits (a config's ``logit_scale``, or 1 / ``logits_scaling``
+where a config divides), ``softcap`` squashes them into (-cap, cap) (a final
+soft-cap, ``refllm/nn/softcap.py``); either may be absent.
 """
 
 from __future__ import annotations

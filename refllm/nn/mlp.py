@@ -1,12 +1,12 @@
-"""The gated MLP: SwiGLU (Llama, Qwen, Mistral, Phi-3) and GeGLU (Gemma).
+"""The gated MLP: SwiGLU and GeGLU.
 
     mlp(x) = down( act(gate(x)) * up(x) )
 
-with act = SiLU for SwiGLU, and the tanh approximation of GELU for GeGLU.
-gpt-oss's experts use a clamped SwiGLU of their own (``clamped_swiglu``).
-Phi-3 stores gate and up as one ``gate_up_proj``; refllm splits it at load, so
-``gated_mlp`` is the only MLP there is: the forward pass runs it for every
-dense MLP and every expert, handing it its op set's ``linear`` and gate.
+with act = SiLU for SwiGLU, and the tanh approximation of GELU for GeGLU; some
+experts use a clamped SwiGLU (``clamped_swiglu``). A checkpoint that stores gate
+and up as one ``gate_up_proj`` is split at load, so ``gated_mlp`` is the only MLP
+there is: the forward pass runs it for every dense MLP and every expert, handing
+it its op set's ``linear`` and gate.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def gated_mlp(x: np.ndarray, w: MLPWeights, gate: Callable = gated, linear: Call
 
 
 def clamped_swiglu(gate: np.ndarray, up: np.ndarray, alpha: float, limit: float) -> np.ndarray:
-    """gpt-oss's gate: gate, up [..., F] -> [..., F].
+    """A clamped SwiGLU gate: gate, up [..., F] -> [..., F].
 
         g = min(gate, limit)                   u = clip(up, -limit, limit)
         out = (u + 1) * g * sigmoid(alpha * g)

@@ -7,16 +7,16 @@ For a token x (one row of [T, D]) and a sparse layer with router W_r [X, D] (and
     moe(x)   = sum_i  w[i] * expert_{ids[i]}(x)                each expert a gated MLP (refllm/nn/mlp.py)
 
 ``mixture_of_experts`` is that, for every token of a batch; the forward pass runs
-it with its op set's projections and the routing its family names (DeepSeek-V3's
-is ``refllm/nn/moe_grouped.py``).
+it with its op set's projections and the routing its family names (the softmax
+routings below, or the grouped one of ``refllm/nn/moe_grouped.py``).
 
-Routings, as the architectures define them:
+Routings:
 
-    softmax_then_topk  (Mixtral, Qwen3-MoE)
+    softmax_then_topk
         p   = softmax(logits)                   over all X experts
         ids = top_k(p);  w = p[ids]
-        w   = w / sum(w)                        only when renormalising (Mixtral always, Qwen3-MoE per norm_topk_prob)
-    topk_then_softmax  (gpt-oss)
+        w   = w / sum(w)                        only when renormalising (norm_topk_prob)
+    topk_then_softmax
         ids = top_k(logits);  w = softmax(logits[ids])       over the k chosen only: the weights sum to 1
 
 Both give the same experts (softmax keeps the order); the weights differ unless renormalised.
@@ -104,8 +104,8 @@ def mixture_of_experts(
 
     router: [X, D] (and router_bias [X]); route: router logits [T, X] -> (expert_ids [T, k],
     expert_weights [T, k]), a routing above with its settings bound; expert_mlp: as ``experts_forward``'s;
-    linear: the router's projection; shared: DeepSeek-V3's shared experts, one MLP every token runs,
-    added to the mixture.
+    linear: the router's projection; shared: shared experts, one MLP every token runs, added to the
+    mixture.
     """
     rows = x.reshape(-1, x.shape[-1])  # [T, D]: routing is per token
     expert_ids, expert_weights = route(linear(rows, router, router_bias))

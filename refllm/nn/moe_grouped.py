@@ -1,4 +1,4 @@
-"""DeepSeek-V3's router: sigmoid scores, a bias that steers the choice only, group-limited top-k.
+"""Grouped routing: sigmoid scores, a bias that steers the choice only, group-limited top-k.
 
 Letters beyond the legend: X routed experts, G groups of X / G experts, k experts
 per token (``num_experts_per_tok``), g groups per token (``topk_group``). For a

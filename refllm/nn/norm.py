@@ -1,13 +1,14 @@
-"""RMSNorm, in the plain form and in Gemma's (1 + w) form, and LayerNorm without a bias (Cohere).
+"""RMSNorm, in the plain form and in the (1 + w) form, and LayerNorm without a bias.
 
     rms_norm(x)   = x / sqrt(mean(x^2) + eps) * (offset + w)
     layer_norm(x) = (x - mean(x)) / sqrt(mean((x - mean(x))^2) + eps) * w
 
-``offset`` is 0 for Llama-style norms and 1 for Gemma, whose checkpoints store
-w - 1. RMSNorm leaves the mean where it is; LayerNorm subtracts it first. Both
+``offset`` is 0 for the plain form and 1 for checkpoints that store w - 1.
+RMSNorm leaves the mean where it is; LayerNorm subtracts it first. Both
 normalise the last axis of anything: [B, T, D] hidden states, or [B, T, H, E]
-per-head queries and keys (the q/k norm of Qwen3, Gemma 3 and Cohere; Cohere's
-weight is [H, E], one row per head, which broadcasts over the batch and tokens).
+per-head queries and keys (a q/k norm; its weight [E] is shared by the heads,
+or [H, E] gives each head a row of its own, broadcast over the batch and tokens).
+Which norm a model uses, and where, is its family's recipe (``refllm/families/``).
 """
 
 from __future__ import annotations

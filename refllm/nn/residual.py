@@ -1,17 +1,18 @@
 """Where a decoder block's norms sit around its attention and MLP sublayers, and how their outputs join the stream.
 
-    pre-norm  (Llama, Qwen, Mistral, Phi-3, SmolLM3):  x + f(norm(x))
-    sandwich  (Gemma 2, Gemma 3):                       x + norm_after(f(norm_before(x)))
-    post-norm (OLMo 2):                                 x + norm(f(x))
-    parallel  (Cohere's Command-R):                     x + attention(norm(x)) + mlp(norm(x))
+    pre-norm   x + f(norm(x))
+    sandwich   x + norm_after(f(norm_before(x)))
+    post-norm  x + norm(f(x))
+    parallel   x + attention(norm(x)) + mlp(norm(x))
 
-OLMo 2's post-norm normalises the sublayer's output before the residual add,
+A post-norm normalises the sublayer's output before the residual add,
 not the sum (the original Transformer's norm(x + f(x))): the residual stream
 itself is never normalised until the final norm. The first three apply
 ``residual_block`` twice per layer, once around attention and once around the
 MLP; a parallel layer feeds one normed copy of x to both sublayers and adds
-both outputs at once (``parallel_residual_block``). Granite scales each
-sublayer's output by its ``residual_multiplier`` before the add (``scale``).
+both outputs at once (``parallel_residual_block``). A residual scale multiplies
+each sublayer's output before the add (``scale``). Which placement a model uses
+is its family's recipe (``refllm/families/``).
 """
 
 from __future__ import annotations

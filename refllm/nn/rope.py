@@ -16,11 +16,12 @@ The scaling variants only change ``inv_freq`` (and, for YaRN, scale cos/sin):
   llama3   low frequencies divided by ``factor``, high ones kept, a smooth band between
   yarn     a ramp between interpolated and original frequencies, and an attention factor
 
-Checkpoints that use the interleaved pairing (i, i + 1), like GGUF's llama
-files, are converted to this layout at load; the spec knows one convention.
+Checkpoints that use the interleaved pairing (2i, 2i + 1), as llama.cpp's files
+of some architectures and some families' own do, are converted to this layout at
+load; the spec knows one convention.
 
-A NoPE layer (SmolLM3's every fourth) skips the rotation: its q.k sees what
-the tokens are, not where; only the causal mask orders them.
+A NoPE layer (no positional encoding) skips the rotation: its q.k sees what the
+tokens are, not where; only the causal mask orders them.
 
 ``params`` is one layer type's settings (``refllm.rope_parameters.RopeParameters``:
 theta, rope_type, factor, partial_rotary_factor and the variants' own fields).
