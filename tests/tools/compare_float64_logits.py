@@ -15,7 +15,9 @@ tests/data/hf and the real SmolLM2 GGUF file when $REFLLM_HOME holds it):
   a 26-token prompt at once, and of the same tokens as a 12-token prompt then one
   decode step each;
 - in float32 on the paged arena (the fast ops), the same two;
-- for a GGUF file, the same with its quantized blocks kept (``quantized=True``).
+- for a GGUF file, the same with its quantized blocks kept (``quantized=True``);
+- for a vision-language fixture (tests/hf_vision_fixtures.py), each stored scenario's
+  prompt with its images, in float64 on the contiguous cache and float32 on the paged arena.
 
 ``compare`` says, per model and run, whether the float64 logits are bit-identical
 (``np.array_equal``) and how far the float32 ones moved (largest difference over
@@ -55,6 +57,8 @@ def prepare(inputs: Path) -> None:
     from tests.test_gguf_source import GGUF_ARCHITECTURES, convert
 
     for fixture in sorted(FIXTURES.iterdir()):
+        if fixture.name in vision_scenarios():
+            continue  # llama.cpp's converter writes no GGUF file of a vision-language checkpoint here
         config = refllm.load_model(fixture).config
         if config.model_type not in GGUF_ARCHITECTURES:
             continue
@@ -65,9 +69,24 @@ def prepare(inputs: Path) -> None:
                 convert(fixture.name, path, tensor_type)
 
 
+def vision_scenarios() -> dict[str, list[str]]:
+    """The vision-language fixtures and their scenarios, where the repository has them."""
+    try:
+        from tests.hf_vision_fixtures import SCENARIOS
+    except ImportError:
+        return {}
+    return {case: list(scenarios) for case, scenarios in SCENARIOS.items()}
+
+
 def models(inputs: Path) -> dict[str, Path]:
-    found = {f"hf-{p.name}": p for p in sorted(FIXTURES.iterdir()) if (p / "config.json").exists()}
-    found |= {p.name: p for p in sorted(inputs.iterdir()) if p.is_dir() or p.suffix == ".gguf"}
+    vision = vision_scenarios()
+    found = {
+        f"hf-{p.name}": p for p in sorted(FIXTURES.iterdir()) if (p / "config.json").exists() and p.name not in vision
+    }
+    from refllm.testing.configs import ARCHITECTURES  # of the commit that runs: kit inputs of others are skipped
+
+    found |= {f"kit-{arch}": inputs / f"kit-{arch}" for arch in ARCHITECTURES}
+    found |= {p.name: p for p in sorted(inputs.iterdir()) if p.suffix == ".gguf"}
     real = Path(os.environ.get("REFLLM_HOME", Path.home() / ".cache" / "refllm"))
     real /= "models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf"
     if real.exists():
@@ -88,6 +107,20 @@ def logits_of(path: Path, dtype: str, kind: str, quantized: bool = False) -> dic
     return {"all": at_once, "steps": np.stack(steps)}
 
 
+def vision_logits(path: Path, scenario: str, dtype: str, kind: str) -> np.ndarray:
+    """The stored scenario's prompt, its images spliced in, at every position: [T, V]."""
+    stored = np.load(path / "reference.npz")
+    ref = {key.split(".", 1)[1]: stored[key] for key in stored if key.startswith(scenario + ".")}
+    model = refllm.load_model(path, dtype=dtype)
+    ids = ref["input_ids"][None]
+    images = []
+    if "pixel_values" in ref:
+        images = np.split(ref["pixel_values"].astype(dtype), np.cumsum(ref["tiles_per_image"])[:-1])
+    x = model.embed_multimodal(ids, images)
+    cache = model.create_kv_cache(CacheConfig(kind=kind, block_size=4))
+    return model.prefill_all_logits(x, cache, range(ids.shape[1]), image_spans=[model.image_spans(ids[0])])[0]
+
+
 def run(inputs: Path, out: Path) -> None:
     inputs.mkdir(parents=True, exist_ok=True)
     prepare(inputs)
@@ -100,6 +133,11 @@ def run(inputs: Path, out: Path) -> None:
             for run_name, logits in logits_of(path, dtype, kind, quantized).items():
                 arrays[f"{name}/{label}/{run_name}"] = logits
         print(f"{name}: done", flush=True)
+    for case, scenarios in vision_scenarios().items():
+        for scenario in scenarios:
+            for dtype, kind in (("float64", "contiguous"), ("float32", "paged")):
+                arrays[f"vision-{case}-{scenario}/{dtype}/all"] = vision_logits(FIXTURES / case, scenario, dtype, kind)
+        print(f"vision-{case}: done", flush=True)
     np.savez_compressed(out, **arrays)
     print(f"{len(arrays)} arrays -> {out}")
 
