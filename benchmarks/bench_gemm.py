@@ -24,11 +24,10 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import statistics
-import time
 
 import numba
 import numpy as np
+from machine import median_seconds  # benchmarks/machine.py
 
 from refllm.kernels.dense_matmul import dense_matmul, linear
 from refllm.kernels.threads import blas_threads, computing
@@ -40,16 +39,6 @@ SHAPES = {  # [R, C] of each projection
     "SmolLM2 down": (576, 1536), "Gemma3 q": (1024, 640), "Gemma3 gate/up": (2048, 640),
     "Gemma3 down": (640, 2048),
 }  # fmt: skip
-
-
-def median_seconds(run, runs: int) -> float:
-    run()
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> None:

@@ -1,6 +1,9 @@
-"""What the benchmarks share: the model shape they measure (the machine comes from refllm.machine)."""
+"""What the benchmarks share: the model shape they measure, and timing (the machine comes from refllm.machine)."""
 
 from __future__ import annotations
+
+import statistics
+import time
 
 # The SmolLM2-135M shape (config.json keys), for benchmarks on random weights of a real size.
 SMOLLM2_135M = dict(
@@ -16,3 +19,14 @@ SMOLLM2_135M = dict(
     rope_theta=100000.0,
     tie_word_embeddings=True,
 )
+
+
+def median_seconds(run, runs: int) -> float:
+    """The median time of ``runs`` calls of ``run``, after one warm-up call (compiling, filling caches)."""
+    run()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)

@@ -31,7 +31,7 @@ from refllm import catalog, progress
 from refllm.cluster.perplexity import perplexity_on_ray
 from refllm.commands import common
 from refllm.commands.answer import stream_answer
-from refllm.commands.chat import chat_ids, cmd_chat
+from refllm.commands.chat import chat_prompt, cmd_chat
 from refllm.commands.flags import (
     FLOAT32_HELP,
     MODEL_HELP,
@@ -50,6 +50,8 @@ from refllm.commands.flags import (
 )
 from refllm.commands.measure import cmd_bench, cmd_info
 from refllm.errors import InvalidInputError
+from refllm.io.images import read_image
+from refllm.io.vision_prompt import content_parts
 from refllm.runtime.embedding import POOLINGS, pooled_hidden_states
 from refllm.runtime.perplexity import perplexity, sliding_windows
 
@@ -70,17 +72,21 @@ PLUGINS = (
 def cmd_generate(args: argparse.Namespace) -> int:
     prompt = read_prompt(args.prompt)  # every flag checked before loading
     params = sampling_params(args, stop=tuple(args.stop))
-    chat = args.chat or args.system is not None  # a system message goes through the chat template
-    model = common.load(args.model, chat=chat, context=args.context, **precision(args))
+    images = [read_image(path) for path in args.image]  # files read (and refused) before the model loads
+    # a system message or an image goes through the chat template
+    chat = args.chat or args.system is not None or bool(images)
+    model = common.load(args.model, chat=chat, context=args.context, images=bool(images), **precision(args))
     engine = common.start_engine(model, args.context)
     try:
+        pixels = []
         if chat:
             system = [{"role": "system", "content": args.system}] if args.system else []
-            prompt_ids = chat_ids(model.tokenizer, [*system, {"role": "user", "content": prompt}])
+            user = {"role": "user", "content": content_parts(prompt, len(images)) if images else prompt}
+            prompt_ids, pixels = chat_prompt(model, [*system, user], images)
         else:
             prompt_ids = model.tokenizer.encode(prompt)
             common.write(prompt)
-        _, stats = stream_answer(engine, prompt_ids, params)
+        _, stats = stream_answer(engine, prompt_ids, params, images=pixels)
     finally:
         engine.close()
     if not args.quiet:
@@ -212,12 +218,17 @@ def build_parser() -> argparse.ArgumentParser:
         'refllm generate "The capital of France is" --max-tokens 20',
         'refllm generate "Write a haiku about the sea." --chat --temperature 0.7 --seed 1',
         'refllm generate "List three colours:" --stop "4." --stop "\\n\\n"',
+        'refllm generate "What is in this picture?" --image photo.jpg --model path/to/SmolVLM-256M-Instruct',
         "cat question.txt | refllm generate - --chat",
     )
     generate.add_argument("prompt", metavar="PROMPT", help="the text to continue; - reads it from standard input")
     generate.add_argument("--model", default=catalog.DEFAULT_MODEL, help=MODEL_HELP)
     generate.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     generate.add_argument("--system", metavar="TEXT", help="a system message before the prompt (implies --chat)")
+    generate.add_argument(
+        "--image", action="append", default=[], metavar="FILE",
+        help="an image to ask about, for a vision-language model (repeatable; implies --chat)",
+    )  # fmt: skip
     generate.add_argument(
         "--stop", action="append", default=[], metavar="TEXT", help="stop before this text (repeatable)"
     )

@@ -48,3 +48,8 @@ class WeightError(ValueError):
 
 class MissingTensorError(RefllmKeyError):
     """A tensor the config calls for is not in the checkpoint."""
+
+
+class ImageError(InvalidInputError):
+    """An image that cannot be used: undecodable, too large, of the wrong shape, or not matching the prompt's
+    image tokens."""

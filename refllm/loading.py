@@ -7,6 +7,7 @@ from pathlib import Path
 from refllm.errors import InvalidInputError
 from refllm.models.contract import ModelSource
 from refllm.models.decoder import DecoderModel, ModelDtypeError, dtype_name
+from refllm.models.multimodal import VisionLanguageModel
 
 
 class ModelNotFoundError(InvalidInputError):
@@ -65,5 +66,15 @@ def load_model(
         path_or_name = catalog.pull(path_or_name)
     source = open_source(path_or_name, quantized=quantized, dtype=dtype)
     if target is not None:
+        if getattr(source, "multimodal", None) is not None:
+            raise ModelDtypeError("a vision-language model loads in float32 or float64; drop quantize")
         source = RequantizedSource(source, target)
+    return build_model(source, dtype, reference)
+
+
+def build_model(source: ModelSource, dtype: str = "float32", reference: bool | None = None) -> DecoderModel:
+    """The model a source describes: a VisionLanguageModel when it has an image half, else the text model."""
+    multimodal = getattr(source, "multimodal", None)
+    if multimodal is not None:
+        return VisionLanguageModel.load(source, multimodal, dtype, reference)
     return DecoderModel.load(source, dtype=dtype, reference=reference)

@@ -36,7 +36,7 @@ def reference_logits(directory: Path, token_ids: list[int], chunks: list[int]) -
     """token_ids: T ids; chunks: sizes adding up to T -> logits [T, V] float64."""
     assert sum(chunks) == len(token_ids)
     config = ModelConfig.from_hf(json.loads((directory / "config.json").read_text()))
-    tensors = _read_safetensors(directory / "model.safetensors")
+    tensors = text_tensors(_read_safetensors(directory / "model.safetensors"))
     cache: list[tuple[list, list]] = [([], []) for _ in range(config.num_hidden_layers)]
     rows, position = [], 0
     for size in chunks:
@@ -65,6 +65,22 @@ def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
             values = np.frombuffer(chunk, {"F32": "<f4", "F16": "<f2", "F64": "<f8"}[info["dtype"]])
         tensors[name] = values.astype(np.float64).reshape(info["shape"])
     return tensors
+
+
+# A vision-language checkpoint's text model, under the names its wrapper gives it -> the text model's names
+TEXT_PREFIXES = {"model.text_model.": "model.", "language_model.model.": "model.", "model.language_model.": "model.",
+                 "language_model.lm_head.": "lm_head."}  # fmt: skip
+
+
+def text_tensors(tensors: dict) -> dict:
+    """The tensors of the text model, by its own names (a text checkpoint's pass through unchanged)."""
+    out = {}
+    for name, value in tensors.items():
+        for prefix, plain in TEXT_PREFIXES.items():
+            if name.startswith(prefix):
+                name = plain + name[len(prefix) :]
+        out[name] = value
+    return out
 
 
 def _one_token(config: ModelConfig, w: dict, cache: list, token: int, position: int, seq_len: int) -> np.ndarray:

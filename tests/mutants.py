@@ -111,11 +111,12 @@ class ChunkPositionOffByOne(DecoderModel):
 
 
 class _WrongGroups(_CacheProxy):
-    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=OWN_ATTENTION):
+    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=OWN_ATTENTION, image_spans=None):
         heads, kv_heads = q.shape[2], self.inner.shape.num_kv_heads
         order = np.argsort(np.arange(heads) % kv_heads, kind="stable")  # query head h reads KV head h % K
         out = np.empty_like(q)
-        out[:, :, order] = self.inner.attention(layer, seq_ids, q[:, :, order], scale, window, softcap, attend)
+        out[:, :, order] = self.inner.attention(layer, seq_ids, q[:, :, order], scale, window, softcap, attend,
+                                                image_spans=image_spans)  # fmt: skip
         return out
 
 
@@ -135,8 +136,9 @@ class SoftmaxScale(DecoderModel):
 
 
 class _WindowOffByOne(_CacheProxy):
-    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=OWN_ATTENTION):
-        return self.inner.attention(layer, seq_ids, q, scale, window and window + 1, softcap, attend)
+    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=OWN_ATTENTION, image_spans=None):
+        return self.inner.attention(layer, seq_ids, q, scale, window and window + 1, softcap, attend,
+                                    image_spans=image_spans)  # fmt: skip
 
 
 class SlidingWindowOffByOne(DecoderModel):
@@ -147,8 +149,9 @@ class SlidingWindowOffByOne(DecoderModel):
 
 
 class _RowZeroKeys(_CacheProxy):
-    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=OWN_ATTENTION):
-        return self.inner.attention(layer, [seq_ids[0]] * len(seq_ids), q, scale, window, softcap, attend)
+    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=OWN_ATTENTION, image_spans=None):
+        return self.inner.attention(layer, [seq_ids[0]] * len(seq_ids), q, scale, window, softcap, attend,
+                                    image_spans=image_spans)  # fmt: skip
 
 
 class BatchRowsShareKeys(DecoderModel):
@@ -266,9 +269,9 @@ class _AttendReplaced(_CacheProxy):
         super().__init__(inner)
         self.wrong = wrong
 
-    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=OWN_ATTENTION):
+    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=OWN_ATTENTION, image_spans=None):
         attend = attend if isinstance(attend, functools.partial) else self.wrong
-        return self.inner.attention(layer, seq_ids, q, scale, window, softcap, attend)
+        return self.inner.attention(layer, seq_ids, q, scale, window, softcap, attend, image_spans=image_spans)
 
 
 class SoftmaxWithoutMax(DecoderModel):
@@ -379,7 +382,7 @@ class _KeyUnrotatedAttention:
     def __init__(self, block: LatentAttentionBlock):
         self.block = block
 
-    def __call__(self, x, positions, cache, seq_ids):
+    def __call__(self, x, positions, cache, seq_ids, image_spans=None):
         w, rank = self.block.w, self.block.widths[-1]  # C, the latent's width
         compressed = self.block.ops.linear(x, w.kv_a_proj_with_mqa, w.kv_a_proj_with_mqa_bias)
         return self.block(x, positions, _RopeKeyUnrotated(cache, compressed[:, :, None, rank:], rank), seq_ids)

@@ -148,7 +148,7 @@ def test_the_architecture_doc_lists_every_module():
 
 # Family names as prose spells them (llama3 is a RoPE type, llama.cpp a program)
 FAMILY_NAME = re.compile(
-    r"\b(llama(?!3|\.cpp)|mistral|qwen|phi-?3|gemma|smollm|olmo|mixtral|deepseek|gpt[-_ ]?oss|granite|cohere|command-r)",
+    r"\b(llama(?!3|\.cpp)|mistral|qwen|phi-?3|gemma|smollm|olmo|mixtral|deepseek|gpt[-_ ]?oss|granite|cohere|command-r|idefics|smolvlm|siglip)",
     re.IGNORECASE,
 )
 

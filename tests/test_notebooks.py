@@ -40,8 +40,8 @@ def _builder():
 BUILDER = _builder()
 
 
-def test_there_are_seven_notebooks_each_built_from_its_source():
-    assert len(BUILDER.NOTEBOOKS) == 7
+def test_there_are_eight_notebooks_each_built_from_its_source():
+    assert len(BUILDER.NOTEBOOKS) == 8
     assert sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")) == BUILDER.NOTEBOOKS
 
 

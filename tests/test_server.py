@@ -362,7 +362,7 @@ REFUSALS = {
         "/v1/chat/completions",
         CHAT | {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
         400,
-        "messages[0].content",
+        "messages[0].content[0].image_url",  # a text-only model reads no images
         None,
     ),
     "tools": ("/v1/chat/completions", CHAT | {"tools": [{"type": "function"}]}, 400, "tools", "unsupported_parameter"),

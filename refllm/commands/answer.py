@@ -37,14 +37,15 @@ class AnswerStats:
 
 
 def stream_answer(
-    engine: Engine, prompt_ids: list[int], params: SamplingParams, *, ctrl_c_stops: bool = False
+    engine: Engine, prompt_ids: list[int], params: SamplingParams, *, ctrl_c_stops: bool = False, images=()
 ) -> tuple[str, AnswerStats]:
     """Write the answer to stdout as it comes -> (the text shown, its stats).
 
     ``ctrl_c_stops``: Ctrl-C ends this answer cleanly (between engine steps) instead of raising.
+    ``images``: the prompt's pixel batches, for a vision-language model.
     """
     start = time.perf_counter()
-    handle = engine.submit(prompt_ids, params)
+    handle = engine.submit(prompt_ids, params, images)
     parts, tokens, first, last, reason = [], [], start, start, "cancelled"
     with _ctrl_c_sets_flag() if ctrl_c_stops else contextlib.nullcontext(threading.Event()) as interrupted:
         for delta in handle:

@@ -14,12 +14,16 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
+
 from refllm import catalog
 from refllm.commands import common
 from refllm.commands.answer import stream_answer
 from refllm.commands.flags import SAMPLING_FLAGS, UsageError, checked_params, precision, sampling_params
 from refllm.errors import InvalidInputError
+from refllm.io.images import read_image
 from refllm.io.tokenizer import Tokenizer
+from refllm.io.vision_prompt import content_parts, encode_chat
 from refllm.runtime.engine import Engine
 from refllm.runtime.sampling import SamplingParams
 
@@ -31,6 +35,7 @@ commands:
                         seed, max-tokens (as the flags of the same names), or system (the system message)
   /save FILE            write the conversation and settings to FILE, as JSON
   /load FILE            read a conversation and settings written by /save
+  /image FILE           attach an image to your next message (a vision-language model; repeatable)
   /reset                forget the conversation (the system message stays)
   /exit, /quit, Ctrl-D  quit
 several lines: start and end them with a line of \"\"\", or end each line but the last with \\
@@ -43,6 +48,19 @@ def chat_ids(tokenizer: Tokenizer, messages: list[dict]) -> list[int]:
     return tokenizer.encode(tokenizer.apply_chat_template(messages), add_special_tokens=False)
 
 
+def chat_prompt(model, messages: list[dict], images: list[np.ndarray]) -> tuple[list[int], list[np.ndarray]]:
+    """A conversation -> (prompt ids, pixel batches). A vision-language model reads its messages as content
+    parts, images (uint8 [H, W, 3], one per image part, in order) through its image processor."""
+    if model.metadata.vision is None:
+        if images:
+            raise InvalidInputError(
+                f"{model.metadata.architecture} reads text only; images need a vision-language model"
+                " (SmolVLM, Gemma 3 with vision)"
+            )
+        return chat_ids(model.tokenizer, messages), []
+    return encode_chat(model.tokenizer, model.image_processor, messages, images)
+
+
 def cmd_chat(args: argparse.Namespace) -> int:
     conversation = Conversation(sampling_params(args), args.system, args.quiet)  # every flag checked before loading
     model = common.load(args.model, chat=True, context=args.context, **precision(args))
@@ -53,7 +71,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         for text in _messages(_user_lines()):
             if text in ("/exit", "/quit"):
                 break
-            conversation.handle(text, engine, model.tokenizer)
+            conversation.handle(text, engine, model)
     finally:
         engine.close()
     return 0
@@ -65,17 +83,19 @@ class Conversation:
     def __init__(self, params: SamplingParams, system: str | None, quiet: bool):
         self.params, self.system, self.quiet = params, system, quiet
         self.messages: list[dict] = []
+        self.images: list[np.ndarray] = []  # the conversation's images, in the order their messages hold them
+        self.attached: list[np.ndarray] = []  # /image's, waiting for the next message
 
     def template_messages(self) -> list[dict]:
         """What the chat template renders: the system message, if any, then the conversation."""
         return ([{"role": "system", "content": self.system}] if self.system else []) + self.messages
 
-    def handle(self, text: str, engine: Engine, tokenizer: Tokenizer) -> None:
+    def handle(self, text: str, engine: Engine, model) -> None:
         command, _, rest = text.partition(" ")
         if not text:
             return
         if not text.startswith("/"):
-            self._answer(text, engine, tokenizer)
+            self._answer(text, engine, model)
             return
         actions = {
             "/help": self._help,
@@ -83,6 +103,7 @@ class Conversation:
             "/save": self._save,
             "/load": self._load,
             "/reset": self._reset,
+            "/image": lambda rest: self._image(rest, model),
         }
         if command not in actions:
             _say(f"unknown command {command}; /help lists the commands")
@@ -92,16 +113,18 @@ class Conversation:
         except (InvalidInputError, OSError) as error:
             _say(f"{command}: {error}")
 
-    def _answer(self, text: str, engine: Engine, tokenizer: Tokenizer) -> None:
-        self.messages.append({"role": "user", "content": text})
+    def _answer(self, text: str, engine: Engine, model) -> None:
+        # text alone stays a string (as /save keeps it); a message with images becomes content parts
+        self.messages.append({"role": "user", "content": content_parts(text, len(self.attached)) if self.attached else text})
+        images = self.images + self.attached
         try:
-            answer, stats = stream_answer(
-                engine, chat_ids(tokenizer, self.template_messages()), self.params, ctrl_c_stops=True
-            )
+            ids, pixels = chat_prompt(model, self.template_messages(), images)
+            answer, stats = stream_answer(engine, ids, self.params, ctrl_c_stops=True, images=pixels)
         except InvalidInputError as error:  # a conversation past the context, say: the chat goes on
             self.messages.pop()
             _say(f"refllm: {error}; /reset starts a new conversation")
             return
+        self.images, self.attached = images, []
         self.messages.append({"role": "assistant", "content": answer})
         if stats.stopped == "interrupted":
             _say("(answer stopped)")
@@ -112,8 +135,16 @@ class Conversation:
         _say(HELP)
 
     def _reset(self, rest: str) -> None:
-        self.messages = []
+        self.messages, self.images, self.attached = [], [], []
         _say("(conversation cleared)")
+
+    def _image(self, rest: str, model) -> None:
+        if not rest:
+            raise UsageError("/image needs an image file")
+        if model.metadata.vision is None:
+            raise InvalidInputError(f"{model.metadata.architecture} reads text only; /image needs a vision-language model")
+        self.attached.append(read_image(rest))
+        _say(f"(image {rest} goes with your next message)")
 
     def _set(self, rest: str) -> None:
         if not rest:
@@ -144,6 +175,8 @@ class Conversation:
     def _save(self, rest: str) -> None:
         if not rest:
             raise UsageError("/save needs a file name")
+        if self.images or self.attached:
+            raise InvalidInputError("/save keeps text conversations; this one holds images")
         saved = {"format": FORMAT, "system": self.system, "settings": self._settings(), "messages": self.messages}
         Path(rest).expanduser().write_text(json.dumps(saved, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         _say(f"saved {len(self.messages)} messages to {rest}")

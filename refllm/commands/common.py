@@ -9,13 +9,15 @@ import numpy as np
 
 from refllm import catalog, progress
 from refllm.errors import InvalidInputError
+from refllm.families import checkpoint_layout
 from refllm.kv import CacheConfig
 from refllm.kv.base import blocks_for
-from refllm.loading import open_source
+from refllm.loading import build_model, open_source
 from refllm.memory import available_memory, weight_bytes
 from refllm.models.contract import ModelSource
-from refllm.families import checkpoint_layout
+from refllm.models.connector import connector_shapes
 from refllm.models.decoder import DecoderModel
+from refllm.models.vision_tower import vision_tower_shapes
 from refllm.models.weights import checkpoint_shapes
 from refllm.quant.linear import QuantizedTensor
 from refllm.runtime.engine import Engine
@@ -54,24 +56,36 @@ def load(
     reference: bool | None = None,
     context: int | None = None,
     context_flag: str = "--context",
+    images: bool = False,
 ) -> DecoderModel:
     """Open the model, refuse what cannot work (before the slow part), then load its weights with progress.
 
     ``dtype`` and ``reference``: as ``refllm.load_model`` takes them (docs/reference.md).
+    ``images``: the command has images for the model, which must then be a vision-language model.
 
     ``context``: the tokens the command will hold at once (given by ``context_flag``), refused if past the model's.
     """
     source = open_checked(
         name, text=text, chat=chat, quantized=quantized, dtype=dtype, context=context, context_flag=context_flag
     )
+    if images and getattr(source, "multimodal", None) is None:
+        raise InvalidInputError(
+            f"{name} reads text only; images need a vision-language model (SmolVLM, Gemma 3 with vision)"
+        )
     needed, available = weight_bytes(source, quantized, dtype), available_memory()
     if available is not None and needed > available:
         raise InvalidInputError(
             f"{name} needs about {size(needed)} for its weights, more than the {size(available)} of memory available"
         )
-    tensors = len(checkpoint_shapes(source.config, checkpoint_layout(source.config, source.tensor_names())))
-    with progress.task(f"loading {name}", total=tensors, unit="tensor") as bar:
-        return DecoderModel.load(_CountingSource(source, bar.update), dtype, reference)
+    with progress.task(f"loading {name}", total=tensor_count(source), unit="tensor") as bar:
+        return build_model(_CountingSource(source, bar.update), dtype, reference)
+
+
+def tensor_count(source: ModelSource) -> int:
+    """Tensors loading the source reads: the text model's, and a vision-language model's tower and connector."""
+    multimodal = getattr(source, "multimodal", None)
+    image_half = 0 if multimodal is None else len(vision_tower_shapes(multimodal.vision)) + len(connector_shapes(multimodal))
+    return len(checkpoint_shapes(source.config, checkpoint_layout(source.config, source.tensor_names()))) + image_half
 
 
 def open_checked(
@@ -126,6 +140,8 @@ class _CountingSource:
     def __init__(self, source: ModelSource, advance):
         self.source, self.advance = source, advance
         self.config, self.tokenizer = source.config, source.tokenizer
+        self.multimodal = getattr(source, "multimodal", None)  # a vision-language model's image half
+        self.image_processor = getattr(source, "image_processor", None)
 
     def tensor_names(self) -> list[str]:
         return self.source.tensor_names()

@@ -20,8 +20,8 @@ from refllm.kv.base import blocks_for
 from refllm.machine import cpu_name, seconds_since_start, thread_settings, vector_extensions
 from refllm.memory import available_memory, weight_bytes
 from refllm.models.contract import ModelSource
-from refllm.moe_parameters import GroupedExperts
 from refllm.models.decoder import cache_shape_for
+from refllm.moe_parameters import GroupedExperts
 from refllm.quant.linear import QuantizedTensor
 from refllm.runtime.llm import LLM
 
@@ -47,6 +47,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         "recipe": c.describe(),  # a line per part
         "parameters": f"{c.num_parameters:,} ({c.num_parameters / 1e6:.1f} M)",
         **({} if c.experts is None else {"experts": _experts(c)}),
+        **({} if getattr(source, "multimodal", None) is None else {"vision": _vision(source.multimodal)}),
         "vocabulary": f"{c.vocab_size:,} tokens",
         "context": f"{c.context_length:,} tokens",
         "file": file,
@@ -67,6 +68,17 @@ def cmd_info(args: argparse.Namespace) -> int:
         for line_key, line in zip([key, *[""] * len(value)], value if isinstance(value, list) else [value]):
             print(f"{line_key:<{width}}  {line}")
     return 0
+
+
+def _vision(m) -> str:
+    """A vision-language model's row: the tower, how patches become image tokens, and its parameters."""
+    v = m.vision
+    merge = f"pixel-shuffled by {m.scale}" if m.model_type == "idefics3" else f"pooled by {m.scale}"
+    return (
+        f"{m.model_type}: SigLIP of {v.num_hidden_layers} layers, width {v.hidden_size}, {v.grid_side}x{v.grid_side}"
+        f" patches of {v.patch_size} px; {m.tokens_per_image} image tokens per tile ({merge});"
+        f" {m.num_parameters:,} parameters"
+    )
 
 
 def _experts(c) -> str:

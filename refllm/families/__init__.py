@@ -39,6 +39,7 @@ FAMILY_MODULES = (
     "deepseek",
     "granite",
     "cohere",
+    "vision",
 )
 _MODULES = [importlib.import_module(f"refllm.families.{name}") for name in FAMILY_MODULES]
 

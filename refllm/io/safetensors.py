@@ -22,10 +22,13 @@ import numpy as np
 
 from refllm.config import ConfigError, ModelConfig
 from refllm.config_checks import check_layer_count
+from refllm.errors import WeightError
 from refllm.families import check_expert_count
 from refllm.families.keys import expert_count_key
-from refllm.errors import WeightError
+from refllm.families.vision import read_multimodal
+from refllm.io.image_processing import load_image_processor
 from refllm.io.json_file import parse_json_object, read_json_object
+from refllm.models.weights import canonical_name
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
 MAX_HEADER_BYTES = 100_000_000  # the safetensors format's own bound on its JSON header
@@ -149,7 +152,8 @@ class SafetensorsCheckpoint:
 
 
 class HFDirectorySource:
-    """A ModelSource for a Hugging Face model directory."""
+    """A ModelSource for a Hugging Face model directory; for a vision-language model (SmolVLM, Gemma 3 with
+    vision) also ``multimodal`` (its image config) and ``image_processor``, else None."""
 
     def __init__(self, directory: str | Path):
         from refllm.io.tokenizer import Tokenizer
@@ -166,9 +170,16 @@ class HFDirectorySource:
             raise ConfigError(f"{config_file}: {e}") from None
         self.checkpoint = SafetensorsCheckpoint(directory)
         unused_layers = self.config.unused_layers
-        check_layer_count(self.config.num_hidden_layers, self.checkpoint.names(), str(config_file), unused_layers)
+        text_names = [n for n in map(canonical_name, self.checkpoint.names()) if n is not None]  # a VLM's text model
+        check_layer_count(self.config.num_hidden_layers, text_names, str(config_file), unused_layers)
         check_expert_count(self.config, self.checkpoint.names(), f"{config_file} ({expert_count_key(raw_config)})")
         self.tokenizer = Tokenizer.from_directory(directory)
+        # a vision-language checkpoint's image half: its tower's config, and the image processor beside it
+        self.multimodal = read_multimodal(raw_config, self.config.hidden_size)
+        self.image_processor = None
+        if self.multimodal is not None:
+            m = self.multimodal
+            self.image_processor = load_image_processor(directory, m.model_type, m.tokens_per_image, m.vision.image_size)
 
     def tensor_names(self) -> list[str]:
         return self.checkpoint.names()

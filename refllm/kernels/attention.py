@@ -271,7 +271,7 @@ def _merge_partitions(maxes: np.ndarray, denominators: np.ndarray, acc: np.ndarr
     return out
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True)
 def paged_prefill_attention(
     q: np.ndarray,
     key_cache: np.ndarray,
@@ -292,6 +292,34 @@ def paged_prefill_attention(
     NumPy twin: ``refllm.nn.attention.attention(q[b], keys, values,
     prefix_lens[b] + arange(T), scale, window, softcap)`` per sequence, with keys
     and values gathered from the blocks.
+    """
+    batch, num_tokens = q.shape[:2]
+    visible_ends = np.empty((batch, num_tokens), np.int64)
+    for b in range(batch):
+        for t in range(num_tokens):
+            visible_ends[b, t] = prefix_lens[b] + t + 1  # causal: up to the query itself
+    return paged_prefill_attention_to(q, key_cache, value_cache, block_tables, prefix_lens, visible_ends, scale,
+                                      window, softcap)  # fmt: skip
+
+
+@njit(cache=True, parallel=True)
+def paged_prefill_attention_to(
+    q: np.ndarray,
+    key_cache: np.ndarray,
+    value_cache: np.ndarray,
+    block_tables: np.ndarray,
+    prefix_lens: np.ndarray,
+    visible_ends: np.ndarray,
+    scale: float,
+    window: int,
+    softcap: float,
+) -> np.ndarray:
+    """``paged_prefill_attention`` with the end of each query's keys given: query t of sequence b sees the keys
+    ``first .. visible_ends[b, t] - 1``, ``first`` the start of its sliding window. Past its own position for
+    the tokens of an image that attend to each other (Gemma 3): the image's end.
+
+    visible_ends: [B, T] int64 (at least prefix_lens[b] + t + 1, at most the keys written).
+    NumPy twin: ``refllm.nn.attention.attention(..., image_spans=...)`` per sequence.
 
     Parallel over (sequence, token), every head in one pass over the blocks
     that token may see.
@@ -307,7 +335,7 @@ def paged_prefill_attention(
         acc = np.empty((num_heads, head_dim), np.float64)
         _attend_keys(
             q[b, t], key_cache, value_cache, block_tables[b], _first_visible_key(position, window),
-            position + 1, scale, softcap, maxes, denominators, acc,
+            visible_ends[b, t], scale, softcap, maxes, denominators, acc,
         )
         for h in range(num_heads):
             for e in range(head_dim):

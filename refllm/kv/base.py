@@ -30,6 +30,7 @@ from typing import Literal
 import numpy as np
 
 from refllm.errors import CacheCapacityError, UnknownSequenceError
+from refllm.nn.attention import ImageSpans
 
 __all__ = [
     "OWN_ATTENTION", "CacheCapacityError", "CacheConfig", "CacheShape", "KVCache", "OwnAttention",
@@ -145,12 +146,16 @@ class KVCache(ABC):
         window: int | None = None,
         softcap: float | None = None,
         attend: Callable | OwnAttention = OWN_ATTENTION,
+        image_spans: Sequence[ImageSpans] | None = None,
     ) -> np.ndarray:
         """q: [B, T, H, E] at positions length + t -> [B, T, H, E], over every key up to its position.
 
         attend: ``(q [T, H, E], k, v [S, K, E], query_positions [T], scale, window, softcap) -> [T, H, E]``,
         called once per sequence with its keys and values; ``OWN_ATTENTION``: the cache's own. An ``attend``
         may take queries and give outputs of other widths (latent attention's [T, H, N + P] -> [T, H, U]).
+        image_spans: per row, (start, end) runs of positions whose tokens also see the keys after them up to
+        ``end`` (Gemma 3's images; each ends within the T new tokens). ``attend`` then gets them as
+        ``image_spans=``.
         """
 
     @abstractmethod

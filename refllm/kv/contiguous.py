@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from refllm.kv.base import OWN_ATTENTION, CacheCapacityError, CacheShape, KVCache, OwnAttention
+from refllm.nn.attention import ImageSpans
 from refllm.nn.attention import attention as spec_attention
 
 
@@ -98,6 +99,7 @@ class ContiguousKVCache(KVCache):
         window: int | None = None,
         softcap: float | None = None,
         attend: Callable | OwnAttention = OWN_ATTENTION,
+        image_spans: Sequence[ImageSpans] | None = None,
     ) -> np.ndarray:
         if attend is OWN_ATTENTION:  # no kernel of its own
             attend = spec_attention
@@ -107,7 +109,10 @@ class ContiguousKVCache(KVCache):
             seq = self._sequences[seq_id]
             end = seq.length + num_new  # the written-but-uncommitted chunk is attended too
             positions = np.arange(seq.length, end)
-            out.append(attend(q[row], seq.k[layer, :end], seq.v[layer, :end], positions, scale, window, softcap))
+            spans = {"image_spans": image_spans[row]} if image_spans is not None and image_spans[row] else {}
+            out.append(
+                attend(q[row], seq.k[layer, :end], seq.v[layer, :end], positions, scale, window, softcap, **spans)
+            )
         return np.stack(out)
 
     def commit(self, seq_ids: Sequence[int], num_new: int) -> None:

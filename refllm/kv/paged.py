@@ -32,6 +32,7 @@ import numpy as np
 from refllm.kv.base import OWN_ATTENTION, CacheCapacityError, CacheConfig, CacheShape, KVCache, OwnAttention, blocks_for
 from refllm.kv.block_attention import BatchView, attend_blocks, load_kernels, write_blocks
 from refllm.kv.blocks import BlockPool
+from refllm.nn.attention import ImageSpans
 from refllm.nn.attention import attention as spec_attention
 
 DEFAULT_BUDGET_SEQUENCES = 8  # the default arena holds this many full-context sequences ...
@@ -228,9 +229,11 @@ class PagedKVArena(KVCache):
         window: int | None = None,
         softcap: float | None = None,
         attend: Callable | OwnAttention = OWN_ATTENTION,
+        image_spans: Sequence[ImageSpans] | None = None,
     ) -> np.ndarray:
         """q: [B, T, H, E] at positions length + t -> [B, T, H, E]: one decode or prefill-chunk kernel call,
-        or ``attend`` (the spec's attention for a float64 arena) over each sequence's gathered keys."""
+        or ``attend`` (the spec's attention for a float64 arena) over each sequence's gathered keys.
+        image_spans: per row, image runs whose tokens see each other (``KVCache.attention``)."""
         self._check_layer(layer)
         width_fits = attend is not OWN_ATTENTION or q.shape[-1] == self.shape.head_dim  # an attend may take others
         if q.ndim != 4 or q.shape[0] != len(seq_ids) or not width_fits:
@@ -244,7 +247,7 @@ class PagedKVArena(KVCache):
         view = self._batch_view(seq_ids, q.shape[1])
         if attend is OWN_ATTENTION:
             attend = None if self._kernels_read else spec_attention  # None: attend_blocks runs the kernels
-        return attend_blocks(self.k[layer], self.v[layer], view, q, scale, window, softcap, attend)
+        return attend_blocks(self.k[layer], self.v[layer], view, q, scale, window, softcap, attend, image_spans)
 
     def commit(self, seq_ids: Sequence[int], num_new: int) -> None:
         """Count ``num_new`` written tokens in each length; blocks that become full and known get cache keys."""

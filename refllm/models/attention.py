@@ -18,18 +18,20 @@ behind the cache (``refllm/kv/base.py``).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from refllm.kv import OWN_ATTENTION, KVCache
 from refllm.models.ops import OpSet
 from refllm.models.weights import AttentionWeights, LatentAttentionWeights
+from refllm.nn.attention import ImageSpans
 from refllm.nn.attention import attention as spec_attention
 from refllm.nn.latent_attention import LATENT_NORM_EPS
 from refllm.recipe import GroupedQueryAttention, LatentAttention, QKNorm
 
 Angles = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]  # positions [B, T] -> cos, sin [B, T, R]
+Spans = Sequence[ImageSpans] | None  # per row, (start, end) runs of image tokens that see each other
 Norm = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (x, weight) -> normed x
 
 
@@ -76,7 +78,10 @@ class GroupedQueryAttentionBlock:
         attend = spec_attention if ops.attention is OWN_ATTENTION else ops.attention
         self.attend = ops.attention if w.sinks is None else functools.partial(attend, sinks=w.sinks)
 
-    def __call__(self, x: np.ndarray, positions: np.ndarray, cache: KVCache, seq_ids: list) -> np.ndarray:
+    def __call__(
+        self, x: np.ndarray, positions: np.ndarray, cache: KVCache, seq_ids: list, image_spans: Spans = None
+    ) -> np.ndarray:
+        """image_spans: per row, runs of image tokens that see each other (a vision-language model's)."""
         (B, T, _), (H, K, E), w = x.shape, self.heads, self.w
         q = self.linear(x, w.q_proj, w.q_proj_bias).reshape(B, T, H, E)
         k = self.linear(x, w.k_proj, w.k_proj_bias).reshape(B, T, K, E)
@@ -84,7 +89,9 @@ class GroupedQueryAttentionBlock:
         q, k = self.qk_norm(q, k)
         q, k = self.rotation(q, k, positions)
         cache.write(self.layer, seq_ids, k, v)
-        out = cache.attention(self.layer, seq_ids, q, self.scale, self.window, self.softcap, self.attend)
+        out = cache.attention(
+            self.layer, seq_ids, q, self.scale, self.window, self.softcap, self.attend, image_spans=image_spans
+        )
         return self.linear(out.reshape(B, T, -1), w.o_proj, w.o_proj_bias)  # out: [B, T, H, E]
 
 
@@ -108,7 +115,10 @@ class LatentAttentionBlock:
         low = ops.rms_norm(ops.linear(x, w.q_a_proj, w.q_a_proj_bias), w.q_a_layernorm, LATENT_NORM_EPS, 0.0)
         return ops.linear(low, w.q_b_proj)
 
-    def __call__(self, x: np.ndarray, positions: np.ndarray, cache: KVCache, seq_ids: list) -> np.ndarray:
+    def __call__(
+        self, x: np.ndarray, positions: np.ndarray, cache: KVCache, seq_ids: list, image_spans: Spans = None
+    ) -> np.ndarray:
+        """image_spans: accepted for the contract; latent attention serves text-only models."""
         (B, T, _), (H, width, N, C), w, ops = x.shape, self.widths, self.w, self.ops
         q = self.query(x).reshape(B, T, H, width)  # [B, T, H, N + P]
         compressed = ops.linear(x, w.kv_a_proj_with_mqa, w.kv_a_proj_with_mqa_bias)  # [B, T, C + P]

@@ -23,7 +23,7 @@ import numpy as np
 
 from refllm.config import ModelConfig
 from refllm.kv import KVCache
-from refllm.models.attention import GroupedQueryAttentionBlock, LatentAttentionBlock, Rotation, no_rotation
+from refllm.models.attention import GroupedQueryAttentionBlock, LatentAttentionBlock, Rotation, Spans, no_rotation
 from refllm.models.ops import OpSet
 from refllm.models.weights import LayerWeights, ModelWeights, SparseMLPWeights
 from refllm.moe_parameters import TOPK_THEN_SOFTMAX, GroupedExperts, MoeParameters
@@ -48,7 +48,7 @@ def norm_function(config: ModelConfig, ops: OpSet) -> Callable[[np.ndarray, np.n
     """(x, weight) -> normed x: the model's norm, its epsilon and weight offset bound."""
     norms = config.norms
     if norms.kind is NormKind.LAYER:
-        return functools.partial(ops.layer_norm, eps=norms.eps)
+        return functools.partial(ops.layer_norm, bias=None, eps=norms.eps)
     return functools.partial(ops.rms_norm, eps=norms.eps, offset=norms.weight_offset)
 
 
@@ -113,9 +113,11 @@ class DecoderLayer:
         self.attention_norm, self.attention_output_norm = norms["attention_norm"], norms["attention_output_norm"]
         self.mlp_norm, self.mlp_output_norm = norms["mlp_norm"], norms["mlp_output_norm"]
 
-    def __call__(self, x: np.ndarray, positions: np.ndarray, cache: KVCache, seq_ids: list) -> np.ndarray:
+    def __call__(
+        self, x: np.ndarray, positions: np.ndarray, cache: KVCache, seq_ids: list, image_spans: Spans = None
+    ) -> np.ndarray:
         def attend(h: np.ndarray) -> np.ndarray:
-            return self.attention(h, positions, cache, seq_ids)
+            return self.attention(h, positions, cache, seq_ids, image_spans)
 
         x = residual_block(x, attend, self.attention_norm, self.attention_output_norm, self.residual_scale)
         return residual_block(x, self.mlp, self.mlp_norm, self.mlp_output_norm, self.residual_scale)
@@ -127,9 +129,11 @@ class ParallelDecoderLayer:
     def __init__(self, attention: Callable, mlp: Callable, norm: Norm):
         self.attention, self.mlp, self.norm = attention, mlp, norm
 
-    def __call__(self, x: np.ndarray, positions: np.ndarray, cache: KVCache, seq_ids: list) -> np.ndarray:
+    def __call__(
+        self, x: np.ndarray, positions: np.ndarray, cache: KVCache, seq_ids: list, image_spans: Spans = None
+    ) -> np.ndarray:
         def attend(h: np.ndarray) -> np.ndarray:
-            return self.attention(h, positions, cache, seq_ids)
+            return self.attention(h, positions, cache, seq_ids, image_spans)
 
         return parallel_residual_block(x, (attend, self.mlp), self.norm)
 

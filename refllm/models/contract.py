@@ -33,6 +33,18 @@ from refllm.kv.base import CacheConfig, KVCache
 
 
 @dataclass(frozen=True)
+class VisionInfo:
+    """What a vision-language model takes: images [N, *image_shape] whose N tiles (or crops) each fill a run of
+    ``tokens_per_tile`` image tokens; with ``bidirectional`` (Gemma 3), the tokens of one run attend to each
+    other, so no step may end inside a run."""
+
+    image_token_id: int
+    tokens_per_tile: int
+    image_shape: tuple[int, int, int]  # channels, height, width of one tile
+    bidirectional: bool = False
+
+
+@dataclass(frozen=True)
 class ModelMetadata:
     architecture: str
     vocab_size: int
@@ -43,6 +55,7 @@ class ModelMetadata:
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
     dtype: str = "float32"
+    vision: VisionInfo | None = None  # a vision-language model's images; None for a text-only model
 
 
 @runtime_checkable
@@ -59,28 +72,33 @@ class GenerativeModel(Protocol):
         """[B, T] int -> [B, T, D]."""
 
     def embed_multimodal(self, tokens: np.ndarray, images: list[Any]) -> np.ndarray:
-        """[B, T] int, images -> [B, T, D]."""
+        """[B, T] int, images -> [B, T, D]: each image's features spliced into its runs of image tokens.
+        images: preprocessed pixel batches [N, channels, H, W], one per image in prompt order, N its tiles
+        (or crops), each filling one run; text-only models keep the default, which rejects non-empty media."""
 
-    def prefill(self, x: np.ndarray, cache: KVCache, pos: range) -> np.ndarray:
-        """x at positions ``pos`` -> logits of the last position, [B, V]."""
+    def prefill(self, x: np.ndarray, cache: KVCache, pos: range, image_spans=None) -> np.ndarray:
+        """x at positions ``pos`` -> logits of the last position, [B, V]. image_spans: per row, the (start,
+        end) runs of image tokens among the positions (``metadata.vision``); a model whose image tokens
+        attend to each other needs them, and refuses a step that ends inside one."""
 
     def decode(self, x: np.ndarray, cache: KVCache) -> np.ndarray:
         """One new position per sequence -> [B, V]."""
 
-    def prefill_all_logits(self, x: np.ndarray, cache: KVCache, pos: range) -> np.ndarray:
+    def prefill_all_logits(self, x: np.ndarray, cache: KVCache, pos: range, image_spans=None) -> np.ndarray:
         """-> logits at every position, [B, T, V] (perplexity)."""
 
     def decode_all_logits(self, x: np.ndarray, cache: KVCache) -> np.ndarray:
         """n new positions -> [B, n, V] (speculative verification)."""
 
-    def prefill_hidden(self, x: np.ndarray, cache: KVCache, pos: range) -> np.ndarray:
+    def prefill_hidden(self, x: np.ndarray, cache: KVCache, pos: range, image_spans=None) -> np.ndarray:
         """-> final hidden states (after the final norm), [B, T, D] (embeddings)."""
 
-    def forward_step(self, x: np.ndarray, cache: KVCache, seq_ids: Sequence[int]) -> np.ndarray:
+    def forward_step(self, x: np.ndarray, cache: KVCache, seq_ids: Sequence[int], image_spans=None) -> np.ndarray:
         """The ragged step. x: [B, T, D] embeddings (from ``embed``); row b continues sequence
         ``seq_ids[b]`` of ``cache`` at its own length (an id the cache does not hold starts empty)
         -> final hidden states (after the final norm), [B, T, D]. The cache's other sequences are
-        untouched, and a step that fails leaves every sequence as it was."""
+        untouched, and a step that fails leaves every sequence as it was. image_spans: per row, the
+        image runs among the step's positions (as for ``prefill``)."""
 
     def logits(self, hidden: np.ndarray) -> np.ndarray:
         """Final hidden states [..., D] -> logits [..., V]."""

@@ -27,6 +27,7 @@ import numpy as np
 from refllm.config import ModelConfig
 from refllm.errors import ContextLengthError, InvalidInputError, PositionError, TokenOutOfRangeError
 from refllm.kv import CacheConfig, CacheShape, KVCache, create_cache
+from refllm.models.attention import Spans
 from refllm.models.blocks import Norm, build_layers, norm_function
 from refllm.models.contract import ModelMetadata, ModelSource
 from refllm.models.ops import SPEC_OPS, OpSet, fast_ops
@@ -120,9 +121,10 @@ class DecoderModel:
             raise InvalidInputError(f"{self.config.model_type} is a text-only model; got {len(images)} image(s)")
         return self.embed(tokens)
 
-    def prefill(self, x: np.ndarray, cache: KVCache, pos: range) -> np.ndarray:
-        """-> logits of the last position, [B, V]."""
-        hidden = self._forward_positions(x, cache, pos)
+    def prefill(self, x: np.ndarray, cache: KVCache, pos: range, image_spans: Spans = None) -> np.ndarray:
+        """-> logits of the last position, [B, V]. image_spans: per row, runs of image tokens that see each
+        other (a vision-language model's; ``KVCache.attention``)."""
+        hidden = self._forward_positions(x, cache, pos, image_spans)
         return self.logits(hidden[:, -1])
 
     def decode(self, x: np.ndarray, cache: KVCache) -> np.ndarray:
@@ -132,20 +134,22 @@ class DecoderModel:
             raise InvalidInputError(f"decode takes one position per sequence; x has {x.shape[1]}")
         return self.prefill(x, cache, self._next_positions(cache, x))
 
-    def prefill_all_logits(self, x: np.ndarray, cache: KVCache, pos: range) -> np.ndarray:
+    def prefill_all_logits(self, x: np.ndarray, cache: KVCache, pos: range, image_spans: Spans = None) -> np.ndarray:
         """-> [B, T, V]."""
-        return self.logits(self._forward_positions(x, cache, pos))
+        return self.logits(self._forward_positions(x, cache, pos, image_spans))
 
     def decode_all_logits(self, x: np.ndarray, cache: KVCache) -> np.ndarray:
         """x: n new positions per sequence -> [B, n, V]."""
         x = self._check_x(x)
         return self.prefill_all_logits(x, cache, self._next_positions(cache, x))
 
-    def prefill_hidden(self, x: np.ndarray, cache: KVCache, pos: range) -> np.ndarray:
+    def prefill_hidden(self, x: np.ndarray, cache: KVCache, pos: range, image_spans: Spans = None) -> np.ndarray:
         """-> final hidden states, [B, T, D]."""
-        return self._forward_positions(x, cache, pos)
+        return self._forward_positions(x, cache, pos, image_spans)
 
-    def forward_step(self, x: np.ndarray, cache: KVCache, seq_ids: Sequence[int]) -> np.ndarray:
+    def forward_step(
+        self, x: np.ndarray, cache: KVCache, seq_ids: Sequence[int], image_spans: Spans = None
+    ) -> np.ndarray:
         """The ragged step: x [B, T, D] embeddings, row b continuing sequence seq_ids[b] of ``cache`` at
         its own length (a new id starts empty) -> final hidden states [B, T, D]."""
         x = self._check_x(x)
@@ -161,27 +165,27 @@ class DecoderModel:
                     f"sequence {seq_id} would reach {end} positions,"
                     f" past the context length {self.config.context_length}"
                 )
-        return self._forward(x, cache, seq_ids)
+        return self._forward(x, cache, seq_ids, image_spans)
 
-    def _forward_positions(self, x: np.ndarray, cache: KVCache, pos: range) -> np.ndarray:
+    def _forward_positions(self, x: np.ndarray, cache: KVCache, pos: range, image_spans: Spans = None) -> np.ndarray:
         """The contract's positional form: rows 0 .. B-1 of the cache at positions ``pos`` -> hidden [B, T, D]."""
         x = self._check_x(x)
         seq_ids = list(range(x.shape[0]))
         self._check_positions(cache, seq_ids, x.shape[1], pos)
         if np.issubdtype(x.dtype, np.integer):
             x = self.ops.embed(x, self.weights.embed_tokens, self.config.embedding_scale)
-        return self._forward(x, cache, seq_ids)
+        return self._forward(x, cache, seq_ids, image_spans)
 
     # ---- the forward pass: no checks below this line -----------------------------------------
 
-    def _forward(self, x: np.ndarray, cache: KVCache, seq_ids: list[int]) -> np.ndarray:
+    def _forward(self, x: np.ndarray, cache: KVCache, seq_ids: list[int], image_spans: Spans = None) -> np.ndarray:
         """x: [B, T, D] embeddings of row b at positions cache.length(b) .. + T -> final hidden [B, T, D]."""
         num_new = x.shape[1]
         positions = self._positions(cache, seq_ids, num_new)
         cache.reserve(seq_ids, num_new)
         with self.ops.running():
             for layer in self.layers:
-                x = layer(x, positions, cache, seq_ids)
+                x = layer(x, positions, cache, seq_ids, image_spans)
             cache.commit(seq_ids, num_new)
             return self.final_norm(x)
 

@@ -46,7 +46,7 @@ class OpSet:
     name: str
     embed: Callable  # (token_ids [B, T], table [V, D], scale) -> [B, T, D]
     rms_norm: Callable  # (x [..., N], weight [N], eps, offset) -> [..., N]
-    layer_norm: Callable  # (x [..., N], weight [N], eps) -> [..., N]
+    layer_norm: Callable  # (x [..., N], weight [N], bias [N] or None, eps) -> [..., N]
     # (rope parameters, head_dim, max_position_embeddings, dtype) -> (positions [B, T] -> cos, sin [B, T, R])
     rope_angles: Callable
     apply_rope: Callable  # (x [B, T, heads, E], cos, sin [B, T, R]) -> [B, T, heads, E]

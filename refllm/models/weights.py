@@ -111,10 +111,13 @@ def checkpoint_shapes(config: ModelConfig, layout: str | None = None) -> dict[st
     return {tensor.name: tensor.shape for tensor in checkpoint_tensors(config, layout)}
 
 
-# Tensors a checkpoint may carry that a text-only forward pass does not use.
-_IGNORED_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
-# Wrappers around the language model in multimodal checkpoints (Gemma 3): old and new spellings.
-_WRAPPERS = {"language_model.model.": "model.", "model.language_model.": "model.", "language_model.lm_head.": "lm_head."}
+# Tensors a checkpoint may carry that the text model does not use: a vision tower and its connector
+# (Gemma 3's, SmolVLM's), which refllm/models/multimodal.py reads.
+_IGNORED_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.",
+                     "model.vision_model.", "model.connector.")  # fmt: skip
+# Wrappers around the language model in multimodal checkpoints (Gemma 3, SmolVLM): old and new spellings.
+_WRAPPERS = {"language_model.model.": "model.", "model.language_model.": "model.", "language_model.lm_head.": "lm_head.",
+             "model.text_model.": "model."}  # fmt: skip
 
 
 def canonical_name(name: str) -> str | None:

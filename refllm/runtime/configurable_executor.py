@@ -29,6 +29,7 @@ from refllm.runtime.checks import (
     check_truncate,
 )
 from refllm.runtime.executor import LLMExecutor
+from refllm.runtime.image_prompts import checked_images
 from refllm.runtime.llm import LLMConfig
 
 NextLogits = Callable[[Sequence[int], Sequence[int]], np.ndarray]  # (prompt, fed since) -> logits [V]
@@ -88,7 +89,9 @@ class ScriptedLM:
     def length(self, cache_id: Hashable) -> int:
         return len(self._cache(cache_id).tokens)
 
-    def prefill(self, cache_id: Hashable, tokens: Sequence[int]) -> np.ndarray:
+    def prefill(self, cache_id: Hashable, tokens: Sequence[int], images=(), chunk_tokens: int | None = None) -> np.ndarray:
+        """As ``LLM.prefill``: a scripted model reads text only, and chunks change nothing of its logits."""
+        checked_images(None, tokens, images)
         tokens = check_prompt(tokens, self.config.vocab_size).tolist()
         cache = self._caches.get(check_cache_id(cache_id))
         held = cache.tokens if cache else []

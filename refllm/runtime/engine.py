@@ -30,6 +30,7 @@ import numpy as np
 from refllm.errors import ContextLengthError, InvalidInputError
 from refllm.io.tokenizer import Tokenizer
 from refllm.runtime.checks import check_prompt
+from refllm.runtime.image_prompts import checked_images
 from refllm.runtime.executor import ModelExecutor
 from refllm.runtime.requests import Completion, CompletionDelta, CompletionSequence, Request, RequestResult
 from refllm.runtime.sampling import Sampler, SamplingParams
@@ -122,9 +123,14 @@ class Engine:
 
     # --- submitting ------------------------------------------------------------------------
 
-    def submit(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> RequestHandle:
-        """Queue a request (thread-safe); it is checked first, so a bad one is refused and nothing is queued."""
-        return self._enqueue(self._new_request(prompt, params))
+    def submit(
+        self, prompt: str | Sequence[int], params: SamplingParams | None = None, images: Sequence[np.ndarray] = ()
+    ) -> RequestHandle:
+        """Queue a request (thread-safe); it is checked first, so a bad one is refused and nothing is queued.
+
+        images: a vision-language model's pixel batches, one per image in the prompt, in order
+        (``refllm.io.image_processing``)."""
+        return self._enqueue(self._new_request(prompt, params, images))
 
     def generate(
         self, prompts: Sequence[str | Sequence[int]], params: SamplingParams | None = None
@@ -211,7 +217,9 @@ class Engine:
 
     # --- requests ----------------------------------------------------------------------------------------
 
-    def _new_request(self, prompt: str | Sequence[int], params: SamplingParams | None) -> Request:
+    def _new_request(
+        self, prompt: str | Sequence[int], params: SamplingParams | None, images: Sequence[np.ndarray] = ()
+    ) -> Request:
         """A request with its n sequences, after every check; nothing is queued yet."""
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
@@ -230,8 +238,9 @@ class Engine:
                 f"a prompt of {len(prompt_ids)} tokens leaves no room to generate within the context length"
                 f" {self.info.context_length}"
             )
+        images = tuple(checked_images(self.info.vision, prompt_ids, images))
         self._scheduler.check_fits(len(prompt_ids), min(params.max_tokens, room), params.n)
-        request = Request(next(self._request_ids), prompt_ids, params)
+        request = Request(next(self._request_ids), prompt_ids, params, images)
         stream_params = dataclasses.replace(params, max_tokens=min(params.max_tokens, room))
         seeds = np.random.SeedSequence(params.seed).spawn(params.n) if params.n > 1 else [params.seed]
         for index, seed in enumerate(seeds):

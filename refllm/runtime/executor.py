@@ -30,6 +30,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 import numpy as np
 
 from refllm.errors import InvalidInputError, PositionError
+from refllm.models.contract import VisionInfo
 from refllm.runtime.llm import LLM
 
 T = TypeVar("T")
@@ -47,6 +48,7 @@ class KvCacheHandle:
 class PrefillInput:
     input_ids: Sequence[int]  # [T]
     kv_cache: KvCacheHandle | None = None  # None starts a new cache; a handle appends to it
+    images: Sequence[np.ndarray] = ()  # a vision-language model's pixel batches, one per image in input_ids
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,7 @@ class ModelInfo:
     context_length: int
     eos_token_ids: tuple[int, ...]
     num_parameters: int
+    vision: VisionInfo | None = None  # what images the model takes; None: text only
 
 
 @dataclass(frozen=True)
@@ -142,7 +145,7 @@ class LLMExecutor:
 
     def info(self) -> ModelInfo:
         c = self.llm.config
-        return ModelInfo(self.llm.name, c.vocab_size, c.context_length, c.eos_token_ids, self.llm.num_parameters)
+        return ModelInfo(self.llm.name, c.vocab_size, c.context_length, c.eos_token_ids, self.llm.num_parameters, c.vision)
 
     def capabilities(self) -> ExecutorCapabilities:
         c = self.llm.config
@@ -166,7 +169,7 @@ class LLMExecutor:
                 cache_id = next(self._new_cache_id)
             else:
                 cache_id = self._check_handle(request.kv_cache)
-            logits = self.llm.prefill(cache_id, request.input_ids)
+            logits = self.llm.prefill(cache_id, request.input_ids, request.images)
             return PrefillOutput(logits, self._handle(cache_id))
 
         return await self._run(run)

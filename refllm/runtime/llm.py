@@ -39,7 +39,7 @@ from refllm.errors import (
 )
 from refllm.kv import CacheConfig
 from refllm.kv.paged import ArenaStats, PagedKVArena
-from refllm.models.contract import GenerativeModel
+from refllm.models.contract import GenerativeModel, VisionInfo
 from refllm.runtime.checks import (
     DecodeItem,
     check_cache_id,
@@ -49,6 +49,7 @@ from refllm.runtime.checks import (
     check_prompt,
     check_truncate,
 )
+from refllm.runtime.image_prompts import checked_images, chunk_ends, image_runs, prefix_key_ids
 
 # A warm-up prompt long enough for the fast op set's prompt-sized products (kernels/gemm.py: 16 tokens and up)
 WARM_UP_PROMPT = 24
@@ -64,6 +65,7 @@ class LLMConfig:
     num_blocks: int
     prefix_caching: bool  # new prompts start on cached blocks of an equal prefix
     count_free_blocks: Callable[[], int] = field(repr=False, compare=False)
+    vision: VisionInfo | None = None  # what images the model takes; None: text only
 
     @property
     def blocks_free(self) -> int:
@@ -95,6 +97,7 @@ class LLM:
             num_blocks=cache.num_blocks,
             prefix_caching=cache.config.prefix_caching,
             count_free_blocks=cache.free_blocks,
+            vision=metadata.vision,
         )
         self._seq_ids: dict[Hashable, int] = {}  # cache id -> arena sequence id
         self._new_seq_id = itertools.count()
@@ -124,20 +127,41 @@ class LLM:
 
     # --- the forward passes -------------------------------------------------------------------
 
-    def prefill(self, cache_id: Hashable, tokens: Sequence[int]) -> np.ndarray:
+    def prefill(
+        self,
+        cache_id: Hashable,
+        tokens: Sequence[int],
+        images: Sequence[np.ndarray] = (),
+        chunk_tokens: int | None = None,
+    ) -> np.ndarray:
         """tokens: [T] -> logits [V] after the last one.
 
         A new cache id starts a sequence (on cached prefix blocks where the
         arena has them); a live one takes ``tokens`` as its next chunk.
+        images: a vision-language model's pixel batches, one per image in ``tokens``
+        (``GenerativeModel.embed_multimodal``); each image's runs lie whole in ``tokens``.
+        chunk_tokens: run the prompt in steps of at most this many tokens, none ending
+        inside an image (``image_prompts.chunk_ends``); None: one step.
         """
         tokens = check_prompt(tokens, self.config.vocab_size)
         cache_id = check_cache_id(cache_id)
-        if cache_id in self._seq_ids:
-            start = self.length(cache_id)
-            check_fits_context(cache_id, start, len(tokens), self.config.context_length)
-            return self.model.logits(self._extend([self._seq_ids[cache_id]], tokens[None])[0, -1])
-        check_fits_context(cache_id, 0, len(tokens), self.config.context_length)
-        return self.model.logits(self._start(cache_id, tokens)[-1])
+        if chunk_tokens is not None and (isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int)
+                                         or chunk_tokens < 1):  # fmt: skip
+            raise InvalidInputError(f"chunk_tokens must be a positive integer or None; got {chunk_tokens!r}")
+        vision = self.config.vision
+        images = checked_images(vision, tokens, images)
+        live = cache_id in self._seq_ids
+        start = self.length(cache_id) if live else 0
+        check_fits_context(cache_id, start, len(tokens), self.config.context_length)
+        x = self._embed(tokens, images)  # the vision tower runs here, before anything changes
+        runs = image_runs(vision, tokens) if images else []  # without images, image tokens are plain tokens
+        key_ids = prefix_key_ids(tokens, runs, images)
+        runs = [(start + a, start + b) for a, b in runs]
+        if live:
+            hidden = self._extend([self._seq_ids[cache_id]], x, [key_ids], runs, chunk_tokens)[0]
+        else:
+            hidden = self._start(cache_id, x, key_ids, runs, chunk_tokens)
+        return self.model.logits(hidden[-1])
 
     def decode(self, cache_id: Hashable, token: int, pos: int) -> np.ndarray:
         """One token at position ``pos`` (= tokens already consumed) -> logits [V]."""
@@ -146,7 +170,8 @@ class LLM:
     def decode_batch(self, items: Sequence[DecodeItem]) -> list[np.ndarray]:
         """[(cache_id, token, pos), ...] -> logits [V] per item, in order, from one forward pass."""
         cache_ids, tokens = check_decode_items(items, self.length, self.config.vocab_size, self.config.context_length)
-        hidden = self._extend([self._seq_ids[c] for c in cache_ids], tokens[:, None])  # [B, 1, D]
+        x = self.model.embed(tokens[:, None])  # [B, 1, D]
+        hidden = self._extend([self._seq_ids[c] for c in cache_ids], x, tokens[:, None].tolist())
         return list(self.model.logits(hidden[:, 0]))
 
     def decode_all_logits(self, cache_id: Hashable, tokens: Sequence[int], pos: int) -> np.ndarray:
@@ -158,7 +183,8 @@ class LLM:
         tokens = check_prompt(tokens, self.config.vocab_size)
         check_position(check_cache_id(cache_id), pos, self.length(cache_id))
         check_fits_context(cache_id, pos, len(tokens), self.config.context_length)
-        return self.model.logits(self._extend([self._seq_ids[cache_id]], tokens[None])[0])
+        x = self.model.embed(tokens[None])
+        return self.model.logits(self._extend([self._seq_ids[cache_id]], x, [tokens.tolist()])[0])
 
     def score(self, tokens: Sequence[int]) -> np.ndarray:
         """tokens: [T] -> logits [T, V] at every position, from a throwaway cache: the arena is untouched.
@@ -216,33 +242,56 @@ class LLM:
             raise UnknownSequenceError(f"unknown cache id {cache_id!r}")
         return self._seq_ids[cache_id]
 
-    def _start(self, cache_id: Hashable, tokens: np.ndarray) -> np.ndarray:
+    def _embed(self, tokens: np.ndarray, images: list[np.ndarray]) -> np.ndarray:
+        """tokens: [T] -> embeddings [1, T, D], each image's features in its runs when there are images."""
+        return self.model.embed_multimodal(tokens[None], images) if images else self.model.embed(tokens[None])
+
+    def _start(
+        self, cache_id: Hashable, x: np.ndarray, key_ids: list[int], runs: list, chunk_tokens: int | None
+    ) -> np.ndarray:
         """A new sequence: cached prefix blocks, then a forward over the rest -> hidden [T - cached, D].
 
-        Whether the rest fits is known only once the prefix is matched, so a
-        refusal frees the new sequence again (the cached blocks it held go
-        back to the prefix cache).
+        x: the prompt's embeddings [1, T, D]; key_ids: what the prefix cache knows its tokens by. Whether
+        the rest fits is known only once the prefix is matched, so a refusal frees the new sequence again
+        (the cached blocks it held go back to the prefix cache).
         """
         seq_id = next(self._new_seq_id)
-        cached = self.arena.match_prefix(seq_id, tokens)
+        cached = self.arena.match_prefix(seq_id, key_ids)
         try:
-            self.arena.reserve([seq_id], len(tokens) - cached)
-            hidden = self.model.forward_step(self.model.embed(tokens[None, cached:]), self.arena, [seq_id])
+            self.arena.reserve([seq_id], len(key_ids) - cached)
+            hidden = self._forward(seq_id, x[:, cached:], cached, runs, chunk_tokens)
         except BaseException:
             self.arena.free(seq_id)
             raise
         self._seq_ids[cache_id] = seq_id
         return hidden[0]
 
-    def _extend(self, seq_ids: list[int], tokens: np.ndarray) -> np.ndarray:
-        """tokens: [B, T], row b continuing sequence seq_ids[b] -> hidden [B, T, D]; all or nothing."""
-        self.arena.reserve(seq_ids, tokens.shape[1])  # all or nothing: OutOfBlocksError leaves the arena as it was
+    def _extend(
+        self, seq_ids: list[int], x: np.ndarray, key_ids: list[list[int]], runs: list = (), chunk_tokens=None
+    ) -> np.ndarray:
+        """x: [B, T, D], row b continuing sequence seq_ids[b] (key_ids[b]: its T tokens' prefix-cache ids)
+        -> hidden [B, T, D]; all or nothing. runs and chunk_tokens: one sequence's (``_forward``)."""
+        self.arena.reserve(seq_ids, x.shape[1])  # all or nothing: OutOfBlocksError leaves the arena as it was
         lengths = [self.arena.length(s) for s in seq_ids]
-        for seq_id, row in zip(seq_ids, tokens):
+        for seq_id, row in zip(seq_ids, key_ids):
             self.arena.register_tokens(seq_id, row)
         try:
-            return self.model.forward_step(self.model.embed(tokens), self.arena, seq_ids)
+            if len(seq_ids) == 1:
+                return self._forward(seq_ids[0], x, lengths[0], runs, chunk_tokens)
+            return self.model.forward_step(x, self.arena, seq_ids)
         except BaseException:
             for seq_id, length in zip(seq_ids, lengths):
                 self.arena.truncate(seq_id, length)  # also forgets the token ids registered above
             raise
+
+    def _forward(self, seq_id: int, x: np.ndarray, start: int, runs: list, chunk_tokens: int | None) -> np.ndarray:
+        """x: [1, T, D] at positions start .. start + T - 1 of one sequence, in chunks no image run straddles
+        -> hidden [1, T, D]. runs: the image runs (absolute positions), passed to the model only when there are
+        some (so a model without images needs no image_spans)."""
+        ends = chunk_ends(start, start + x.shape[1], chunk_tokens or x.shape[1], runs)
+        spans = {"image_spans": [runs]} if runs else {}
+        hidden, position = [], start
+        for end in ends:
+            hidden.append(self.model.forward_step(x[:, position - start : end - start], self.arena, [seq_id], **spans))
+            position = end
+        return np.concatenate(hidden, axis=1)

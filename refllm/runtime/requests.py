@@ -46,9 +46,10 @@ class RequestResult:
 class Request:
     """A submitted request: its prompt, its n sequences, and the queue its deltas go to."""
 
-    def __init__(self, request_id: int, prompt: list[int], params: SamplingParams):
+    def __init__(self, request_id: int, prompt: list[int], params: SamplingParams, images: tuple = ()):
         self.id = request_id
         self.prompt = prompt
+        self.images = images  # a vision-language model's pixel batches, one per image in the prompt
         self.params = params
         self.sequences: list[CompletionSequence] = []
         self.deltas: queue.Queue[CompletionDelta | None] = queue.Queue()  # None ends the stream

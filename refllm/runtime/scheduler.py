@@ -141,7 +141,8 @@ class Scheduler:
         """The group's prompt (then a preempted sequence's tokens) -> a handle per sequence and the logits."""
         handles: list[KvCacheHandle] = []
         try:
-            out = await self.executor.prefill(PrefillInput(group[0].request.prompt))
+            request = group[0].request
+            out = await self.executor.prefill(PrefillInput(request.prompt, images=request.images))
             handles.append(out.kv_cache)
             if group[0].tokens:  # recomputing a preempted sequence: its prompt, then what it generated
                 out = await self.executor.prefill(PrefillInput(group[0].tokens, out.kv_cache))

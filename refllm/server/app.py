@@ -60,9 +60,10 @@ class OpenAIServer:
         self.engine = engine
         self.model_name = model_name
         self.tokenizer = engine.tokenizer
-        self.inputs = RequestInputs(engine.tokenizer, engine.info.context_length, model_name, limits)
         llm = getattr(engine.executor, "llm", None)  # an LLMExecutor's; a scripted one has no model behind it
         self.model: DecoderModel | None = llm.model if isinstance(llm, LLM) else None
+        processor = getattr(self.model, "image_processor", None) if engine.info.vision else None
+        self.inputs = RequestInputs(engine.tokenizer, engine.info.context_length, model_name, limits, processor)
         self.embedder = Embedder(self.model) if self.model is not None else None
         self.created = int(time.time())
         self._owns_engine = owns_engine
@@ -114,6 +115,7 @@ class OpenAIServer:
             "parallel_sampling": True,
             "prefix_caching": caps.prefix_caching,
             "speculative_decoding": caps.forward_verify,
+            "vision": self.inputs.image_processor is not None,  # image_url parts (data URLs) in chat messages
         }
         kv_cache = {
             "block_size": caps.block_size,
@@ -125,7 +127,7 @@ class OpenAIServer:
             {
                 "id": self.model_name,
                 "object": "model.info",
-                "architecture": config.model_type if config else info.name,
+                "architecture": info.name if info.vision or not config else config.model_type,
                 "context_length": info.context_length,
                 "vocab_size": info.vocab_size,
                 "num_parameters": info.num_parameters,
@@ -184,7 +186,7 @@ class OpenAIServer:
 
     async def chat_completions(self, request: Request) -> JSONResponse | EventStream:
         body = await self._read(request)
-        prompt = await self.inputs.chat_prompt(protocol.messages(body))
+        prompt, images = await self.inputs.chat_prompt(*protocol.messages(body))
         logprobs = None
         if protocol.boolean(body, "logprobs"):
             logprobs = protocol.integer(body, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
@@ -196,7 +198,7 @@ class OpenAIServer:
         max_tokens = max_tokens or protocol.integer(body, "max_tokens", max(room, 1), 1)  # default: all there is
         params = self._params(body, max_tokens, logprobs)
         stream, include_usage = self._stream_flags(body)
-        generation = Generation(self.engine, [prompt], params, "messages")
+        generation = Generation(self.engine, [prompt], params, "messages", images)
         if stream:
             meta = self._meta("chatcmpl", "chat.completion.chunk")
             chunk = functools.partial(self._chat_chunk, logprobs=logprobs)

@@ -45,8 +45,11 @@ class Generation:
     Choices are numbered as OpenAI numbers them: ``prompt_index * n + completion_index``.
     """
 
-    def __init__(self, engine: Engine, prompts: list[list[int]], params: SamplingParams, param: str):
-        """Submit every prompt; a refusal (naming the request field ``param``) cancels those already queued."""
+    def __init__(
+        self, engine: Engine, prompts: list[list[int]], params: SamplingParams, param: str, images: list = ()
+    ):
+        """Submit every prompt; a refusal (naming the request field ``param``) cancels those already queued.
+        images: the pixel batches of a single prompt's images (a chat request's)."""
         self.prompt_tokens = sum(len(p) for p in prompts)
         self.completion_tokens = 0  # tokens sampled so far, a stop token included
         self.num_choices = len(prompts) * params.n
@@ -54,7 +57,7 @@ class Generation:
         self._handles: list[RequestHandle] = []
         try:
             for prompt in prompts:
-                self._handles.append(engine.submit(prompt, params))
+                self._handles.append(engine.submit(prompt, params, images))
         except (InvalidInputError, CacheCapacityError) as error:
             self.cancel_soon()
             raise refusal(error, param) from None

@@ -25,6 +25,9 @@ class ServerLimits:
     max_body_bytes: int = 8 << 20  # a larger body is refused with 413 before it is read whole
     max_inputs: int = 64  # prompts of a completion, inputs of an embedding request
     max_request_tokens: int = 131_072  # tokens over all of a request's prompts or inputs
+    max_images: int = 8  # images in one chat request
+    max_image_bytes: int = 8 << 20  # one image's file (within the body's limit, as base64)
+    max_image_pixels: int = 16_000_000  # one image's width x height, read from its header before decoding
     body_timeout: float = 30.0  # seconds to send a whole body (408 after)
     header_timeout: float = 10.0  # seconds from connecting (or from the last answer) to a whole request head
     idle_timeout: float = 5.0  # seconds a kept-alive connection may wait for its next request

@@ -248,28 +248,44 @@ def texts(value: Any) -> list[str] | None:
     return None
 
 
-def message_text(content: Any, index: int) -> str:
-    """A chat message's content, a string or a list of text parts, -> its text."""
+def message_content(content: Any, index: int, images: list[tuple[str, str]]) -> str | list[dict[str, str]]:
+    """A chat message's content -> its text, or, when it holds images, its parts: text parts and one
+    {"type": "image"} per ``image_url`` part, whose URL (and request field) is appended to ``images``."""
+    param = f"messages[{index}].content"
     if content is None or isinstance(content, str):
         return content or ""
-    if isinstance(content, list) and all(isinstance(p, dict) for p in content):
-        if all(p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
-            return "".join(p["text"] for p in content)
-        raise RequestError("only text content parts are supported by this server", param=f"messages[{index}].content")
-    raise RequestError("content must be a string or a list of content parts", param=f"messages[{index}].content")
+    if not (isinstance(content, list) and all(isinstance(p, dict) for p in content)):
+        raise RequestError("content must be a string or a list of content parts", param=param)
+    parts = []
+    for j, part in enumerate(content):
+        if part.get("type") == "text" and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "text": part["text"]})
+        elif part.get("type") == "image_url":
+            url = part.get("image_url")
+            url = url.get("url") if isinstance(url, dict) else None
+            if not isinstance(url, str):
+                raise RequestError('an image_url part needs {"url": "data:image/...;base64,..."}', param=f"{param}[{j}]")
+            images.append((url, f"{param}[{j}].image_url"))
+            parts.append({"type": "image"})
+        else:
+            raise RequestError("content parts may be text or image_url", param=f"{param}[{j}]")
+    if all(part["type"] == "text" for part in parts):
+        return "".join(part["text"] for part in parts)
+    return parts
 
 
-def messages(body: dict[str, Any]) -> list[dict[str, str]]:
-    """The ``messages`` field -> [{"role", "content"}], content flattened to text."""
+def messages(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+    """The ``messages`` field -> ([{"role", "content"}], the image URLs with their request fields, in order);
+    content flattened to text, or kept as parts when it holds images."""
     value = body.get("messages")
     if not isinstance(value, list) or not value:
         raise RequestError("messages must be a non-empty list of messages", param="messages")
-    result = []
+    result, images = [], []
     for index, message in enumerate(value):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise RequestError("each message must be an object with a string role", param=f"messages[{index}]")
-        result.append({"role": message["role"], "content": message_text(message.get("content"), index)})
-    return result
+        result.append({"role": message["role"], "content": message_content(message.get("content"), index, images)})
+    return result, images
 
 
 # --- responses --------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ from typing import Any
 from refllm.errors import InvalidInputError
 from refllm.families import MODEL_TYPES
 
-# every model type with a tiny config of its own (gemma3 wraps gemma3_text)
+# every model type with a tiny config of its own (gemma3 wraps gemma3_text and idefics3 a llama: their
+# images are refllm/testing/vision.py's)
 ARCHITECTURES = tuple(name for name, architecture in MODEL_TYPES.items() if architecture.tiny_config is not None)
 
 

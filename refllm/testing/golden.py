@@ -304,6 +304,8 @@ def golden_prompts(golden: Golden) -> list[str | None]:
 
 def check(golden: Golden, backend, profile: str | Tolerance | None = None) -> list[PromptReport]:
     """Every prompt of ``golden`` against ``backend`` under ``profile`` (default: the file's)."""
+    if golden.metadata.get("images"):
+        raise GoldenFormatError("this golden file carries images; check it with refllm.testing.vision_golden")
     profile = get_profile(profile or golden.metadata.get("tolerance_profile", "float32"))
     backend = as_backend(backend)
     return [check_golden_prompt(golden, i, backend, profile) for i in range(golden.num_prompts)]

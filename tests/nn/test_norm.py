@@ -20,7 +20,7 @@ def test_layer_norm_follows_its_equation_row_by_row():
         mean = sum(row) / len(row)
         variance = sum((v - mean) ** 2 for v in row) / len(row)
         expected[index] = [(v - mean) / math.sqrt(variance + eps) * w for v, w in zip(row, weight)]
-    np.testing.assert_allclose(layer_norm(x, weight, eps), expected, rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(layer_norm(x, weight, None, eps), expected, rtol=1e-13, atol=1e-13)
 
 
 @settings(max_examples=40, deadline=None)
@@ -28,16 +28,16 @@ def test_layer_norm_follows_its_equation_row_by_row():
 def test_layer_norm_ignores_where_a_row_sits_and_how_wide_it_spreads(width, shift, scale, seed):
     """Unit weights give a row of mean 0 and variance 1 (less eps's share), whatever it was shifted and scaled by."""
     row = np.random.default_rng(seed).normal(size=(1, width))
-    normed = layer_norm(row, np.ones(width), 1e-12)
+    normed = layer_norm(row, np.ones(width), None, 1e-12)
     np.testing.assert_allclose(normed.mean(), 0.0, atol=1e-9)
     np.testing.assert_allclose(normed.var(), 1.0, rtol=1e-6)
-    np.testing.assert_allclose(layer_norm(row * scale + shift, np.ones(width), 1e-12), normed, atol=1e-6)
+    np.testing.assert_allclose(layer_norm(row * scale + shift, np.ones(width), None, 1e-12), normed, atol=1e-6)
 
 
 def test_a_weight_per_head_scales_each_head_of_queries_on_its_own():
     """Cohere's q/k norm: x [B, T, H, E] against weight [H, E] normalises each head over E with its own row."""
     rng = np.random.default_rng(1)
     q, weight = rng.normal(size=(1, 2, 3, 4)), rng.normal(size=(3, 4))
-    out = layer_norm(q, weight, 1e-5)
+    out = layer_norm(q, weight, None, 1e-5)
     for head in range(3):
-        np.testing.assert_allclose(out[:, :, head], layer_norm(q[:, :, head], weight[head], 1e-5), rtol=1e-15)
+        np.testing.assert_allclose(out[:, :, head], layer_norm(q[:, :, head], weight[head], None, 1e-5), rtol=1e-15)
