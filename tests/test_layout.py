@@ -161,9 +161,11 @@ def test_the_spec_names_no_family():
 
 
 def hot_paths() -> dict[str, ast.FunctionDef]:
-    """The forward pass and what it calls per layer: DecoderModel._forward and every block's __call__."""
+    """The forward pass and what it calls per layer: DecoderModel._forward and every block's __call__ (a
+    vision-language model's connector too)."""
     found = {}
-    for name in ("refllm.models.decoder", "refllm.models.blocks", "refllm.models.attention"):
+    blocks = ("refllm.models.decoder", "refllm.models.blocks", "refllm.models.attention", "refllm.models.connector")
+    for name in blocks:
         for node in ast.walk(ast.parse(MODULES[name].read_text())):
             if isinstance(node, ast.ClassDef):
                 for function in node.body:

@@ -73,7 +73,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 def _vision(m) -> str:
     """A vision-language model's row: the tower, how patches become image tokens, and its parameters."""
     v = m.vision
-    merge = f"pixel-shuffled by {m.scale}" if m.model_type == "idefics3" else f"pooled by {m.scale}"
+    merge = f"{m.connector.value} by {m.scale}"
     return (
         f"{m.model_type}: SigLIP of {v.num_hidden_layers} layers, width {v.hidden_size}, {v.grid_side}x{v.grid_side}"
         f" patches of {v.patch_size} px; {m.tokens_per_image} image tokens per tile ({merge});"
