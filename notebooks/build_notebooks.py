@@ -9,12 +9,15 @@ A source is a Python file in the percent format that jupytext reads and writes:
 comments (``# `` taken off). Edit the source, build, and commit both: the
 source is what a review reads, the .ipynb (with its plots) what a learner opens.
 Cells get fixed ids, so a notebook's cells change only when its source does.
-``tests/test_notebooks.py`` runs every notebook again and checks none is stale.
+``tests/test_notebooks.py`` runs every notebook again, checks none is stale against its
+source, and compares what each cell showed with what the committed notebook shows
+(``shown``: timings masked, pictures by kind), so an output left from an older build fails.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -71,6 +74,43 @@ def execute(notebook: nbformat.NotebookNode, kernel_name: str = "python3") -> nb
     )
     client.execute()
     return notebook
+
+
+# What differs from run to run on the same code: durations and speeds, and object addresses.
+VARYING = re.compile(r"\d+(?:\.\d+)?\s*(?:tokens/s|ms|µs|s)\b|0x[0-9a-f]{6,}")
+
+
+def shown(notebook: nbformat.NotebookNode) -> list[tuple[str, list[str]]]:
+    """What each code cell showed: (id, its outputs as text, with VARYING masked and a picture as its
+    kind), to compare a notebook's saved outputs with a fresh run's."""
+    cells = []
+    for cell in notebook.cells:
+        if cell.cell_type != "code":
+            continue
+        outputs = []
+        for output in cell.get("outputs", []):
+            if output.output_type == "stream":
+                outputs.append(f"{output.name}: {output.text}")
+            elif output.output_type == "error":
+                outputs.append(f"error: {output.ename}: {output.evalue}")
+            else:
+                data = output.get("data", {})
+                outputs.append(next((f"<{kind}>" for kind in ("image/png", "image/svg+xml") if kind in data), None)
+                               or data.get("text/plain", ""))  # fmt: skip
+        cells.append((cell.get("id", ""), [VARYING.sub("<varies>", text) for text in outputs]))
+    return cells
+
+
+def output_differences(saved: nbformat.NotebookNode, fresh: nbformat.NotebookNode) -> list[str]:
+    """Where a saved notebook's outputs are not what a fresh run shows: one line per cell that differs."""
+    differences = []
+    for (cell, was), (_, now) in zip(shown(saved), shown(fresh)):
+        if was != now:
+            first = next((i for i, (a, b) in enumerate(zip(was, now)) if a != b), min(len(was), len(now)))
+            saved_text = was[first] if first < len(was) else "nothing"
+            fresh_text = now[first] if first < len(now) else "nothing"
+            differences.append(f"{cell}: saved {saved_text[:200]!r}, a fresh run shows {fresh_text[:200]!r}")
+    return differences
 
 
 def content(notebook: nbformat.NotebookNode) -> list[tuple[str, str, str]]:

@@ -33,21 +33,25 @@ from refllm.commands import common
 from refllm.commands.answer import stream_answer
 from refllm.commands.chat import chat_prompt, cmd_chat
 from refllm.commands.flags import (
-    FLOAT32_HELP,
     MODEL_HELP,
     UsageError,
     add_cluster_flags,
     add_command,
+    add_dequantize_flag,
     add_generation_flags,
+    add_model_flag,
     add_precision_flags,
     bare_ray_flag_before_positional,
     batch_sizes,
+    catalog_name,
     cluster_options,
     positive_int,
     precision,
+    prompt_argument,
     read_prompt,
     sampling_params,
 )
+from refllm.commands.parsing import EXIT_USAGE, CommandParser, Parser, check_command, usage_error
 from refllm.commands.measure import cmd_bench, cmd_info
 from refllm.errors import InvalidInputError
 from refllm.io.images import read_image
@@ -56,7 +60,6 @@ from refllm.runtime.embedding import POOLINGS, pooled_hidden_states
 from refllm.runtime.perplexity import perplexity, sliding_windows
 
 EXIT_USER_ERROR = 1
-EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 PLUGINS = (
     "refllm.commands.golden",
@@ -70,13 +73,13 @@ PLUGINS = (
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    prompt = read_prompt(args.prompt)  # every flag checked before loading
+    prompt = prompt_argument(args)  # every flag checked before loading
     params = sampling_params(args, stop=tuple(args.stop))
     images = [read_image(path) for path in args.image]  # files read (and refused) before the model loads
     # a system message or an image goes through the chat template
     chat = args.chat or args.system is not None or bool(images)
     model = common.load(args.model, chat=chat, context=args.context, images=bool(images), **precision(args))
-    engine = common.start_engine(model, args.context)
+    engine = common.start_engine(model, args.context, args.model)
     try:
         pixels = []
         if chat:
@@ -85,13 +88,28 @@ def cmd_generate(args: argparse.Namespace) -> int:
             prompt_ids, pixels = chat_prompt(model, [*system, user], images)
         else:
             prompt_ids = model.tokenizer.encode(prompt)
-            common.write(prompt)
-        _, stats = stream_answer(engine, prompt_ids, params, images=pixels)
+        _, stats = stream_answer(engine, prompt_ids, params, echo="" if chat else prompt, images=pixels)
     finally:
         engine.close()
     if not args.quiet:
         print(stats.line(), file=sys.stderr)
     return 0
+
+
+# ---- run ---------------------------------------------------------------------------------------------
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """ollama's ``run``: with a prompt, one answer (through the chat template where the model has one)."""
+    args.model = args.model_name
+    if args.prompt is None:
+        args.model_name = None
+        return cmd_chat(args)
+    chats = catalog.CATALOG[args.model].chat if args.model in catalog.CATALOG else None
+    if chats is None:
+        chats = common.open_checked(args.model).tokenizer.chat_template is not None
+    args.chat, args.stop, args.prompt_flag, args.image = chats, [], None, []
+    return cmd_generate(args)
 
 
 # ---- perplexity --------------------------------------------------------------------------------------
@@ -176,34 +194,15 @@ def cmd_pull(args: argparse.Namespace) -> int:
 # ---- the parser --------------------------------------------------------------------------------------
 
 
-class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose usage errors are one line that points at --help."""
-
-    def error(self, message: str):
-        self.exit(EXIT_USAGE, usage_error(self.prog, message))
-
-
-class _CommandParser(_Parser):
-    """A sub-command's parser (a plugin's too): it takes ``--debug`` after the command as well."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks on errors")
-
-
-def usage_error(prog: str, message: str) -> str:
-    return f"{prog}: error: {message} (see {prog} --help)\n"
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = Parser(
         prog="refllm",
         description="A NumPy reference implementation of LLM inference that runs on a laptop CPU.",
         epilog="Run 'refllm COMMAND --help' for a command's flags and an example.",
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     parser.add_argument("--version", action="version", version=f"refllm {refllm.__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_CommandParser)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=CommandParser)
 
     def command(*how) -> argparse.ArgumentParser:
         return add_command(commands, *how)
@@ -221,8 +220,11 @@ def build_parser() -> argparse.ArgumentParser:
         'refllm generate "What is in this picture?" --image photo.jpg --model path/to/SmolVLM-256M-Instruct',
         "cat question.txt | refllm generate - --chat",
     )
-    generate.add_argument("prompt", metavar="PROMPT", help="the text to continue; - reads it from standard input")
-    generate.add_argument("--model", default=catalog.DEFAULT_MODEL, help=MODEL_HELP)
+    generate.add_argument(
+        "prompt", nargs="?", metavar="PROMPT", help="the text to continue; - reads it from standard input"
+    )
+    generate.add_argument("-p", "--prompt", dest="prompt_flag", metavar="TEXT", help="the same as PROMPT")
+    add_model_flag(generate)
     generate.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     generate.add_argument("--system", metavar="TEXT", help="a system message before the prompt (implies --chat)")
     generate.add_argument(
@@ -241,14 +243,32 @@ def build_parser() -> argparse.ArgumentParser:
         "talk with a model, keeping the conversation",
         "Read messages line by line (typed, or piped on stdin) and stream each answer.\n"
         "The conversation so far goes through the model's chat template with every message.\n"
-        "/help lists the commands: /set changes a setting, /save and /load keep a conversation.",
+        "/help lists the commands: /show, /retry, /set changes a setting, /save and /load keep a conversation.",
         "refllm chat",
-        "printf 'Hi!\\n/reset\\nWhat is 2 + 2?\\n' | refllm chat --max-tokens 40",
+        "refllm chat smollm2-135m --temperature 0.7",
+        "printf 'Hi!\\n/reset\\nWhat is 2 + 2?\\n' | refllm chat -n 40",
     )
-    chat.add_argument("--model", default=catalog.DEFAULT_MODEL, help=MODEL_HELP)
+    chat.add_argument("model_name", nargs="?", metavar="MODEL", help=f"the model, as --model (default {catalog.DEFAULT_MODEL})")
+    add_model_flag(chat, default=None)
     chat.add_argument("--system", metavar="TEXT", help="a system message that starts the conversation")
     add_precision_flags(chat)
     add_generation_flags(chat, max_tokens=256)
+
+    run = command(
+        "run",
+        cmd_run,
+        "chat with a model, or answer one prompt (as ollama run)",
+        "With MODEL alone, a chat (as refllm chat MODEL). With a PROMPT too, one answer to it through the\n"
+        "model's chat template (as refllm generate PROMPT --chat), or, for a model without one, its\n"
+        "continuation of the prompt.",
+        "refllm run smollm2-135m",
+        'refllm run smollm2-135m "Why is the sky blue?"',
+    )
+    run.add_argument("model_name", metavar="MODEL", help=MODEL_HELP)
+    run.add_argument("prompt", nargs="?", metavar="PROMPT", help="one prompt to answer; without it, a chat")
+    run.add_argument("--system", metavar="TEXT", help="a system message first")
+    add_precision_flags(run)
+    add_generation_flags(run, max_tokens=256)
 
     ppl = command(
         "perplexity",
@@ -260,8 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
         "refllm perplexity book.txt --window 512 --stride 256",
     )
     ppl.add_argument("file", metavar="FILE", help="a UTF-8 text file")
-    ppl.add_argument("--model", default=catalog.DEFAULT_MODEL, help=MODEL_HELP)
-    add_precision_flags(ppl, float32=False)
+    add_model_flag(ppl)
+    add_precision_flags(ppl, dequantize=False)
     ppl.add_argument("--window", type=positive_int, default=512, metavar="N", help="tokens per window (default 512)")
     ppl.add_argument(
         "--stride", type=positive_int, metavar="S", help="tokens between window starts (default: half the window)"
@@ -270,7 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--cache",
         choices=("paged", "contiguous"),
         default="paged",
-        help="the paged arena (default) or the contiguous cache; with --reference, contiguous is the reference",
+        help="the paged arena (default) or the contiguous cache; with --spec-ops, contiguous is the reference",
     )
     add_cluster_flags(ppl, "keep finished shards here, so an interrupted run resumes")
 
@@ -284,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
         'refllm embed "a cat" "a dog" --pooling mean',
     )
     embed.add_argument("texts", nargs="+", metavar="TEXT", help="texts to embed, one vector each")
-    embed.add_argument("--model", default=catalog.DEFAULT_MODEL, help=MODEL_HELP)
+    add_model_flag(embed)
     embed.add_argument("--pooling", choices=POOLINGS, default="mean", help="how to pool (default mean)")
 
     info = command(
@@ -313,8 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
         "beside the machine and its thread settings.",
         "refllm bench --prompt-tokens 256 --new-tokens 64 --batch 1,4,8",
     )
-    bench.add_argument("--model", default=catalog.DEFAULT_MODEL, help=MODEL_HELP)
-    bench.add_argument("--float32", action="store_true", help=FLOAT32_HELP)
+    add_model_flag(bench)
+    add_dequantize_flag(bench)
     bench.add_argument(
         "--prompt-tokens", type=positive_int, default=256, metavar="N", help="prompt length (default 256)"
     )
@@ -338,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
         "refllm pull gemma3-270m",
     )
     pull.add_argument(
-        "name", choices=sorted(catalog.CATALOG), metavar="NAME", help=f"catalog name: {', '.join(catalog.CATALOG)}"
+        "name", type=catalog_name, metavar="NAME", help=f"catalog name: {', '.join(catalog.CATALOG)}"
     )
     pull.add_argument("--quiet", action="store_true", help="no progress output")
 
@@ -348,7 +368,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(bare_ray_flag_before_positional(sys.argv[1:] if argv is None else argv))
+    argv = bare_ray_flag_before_positional(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    check_command(argv, commands, catalog.CATALOG)
+    args = parser.parse_args(argv)
     try:
         return args.handler(args)
     except KeyboardInterrupt:

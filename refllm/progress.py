@@ -1,7 +1,9 @@
-"""Progress on stderr for the long steps of the command line (loading, compiling, scoring, benchmarking).
+"""Progress on stderr for the long steps of the command line (loading, compiling, reading a prompt,
+scoring, benchmarking).
 
 On a terminal a step shows a live bar; either way it ends with one line saying
-how long it took, so logs of non-interactive runs show it too. The Numba
+how long it took, so logs of non-interactive runs show it too. A prompt shows
+its bar only if reading it takes longer than a second (``PromptProgress``). The Numba
 kernels compile on their first use only (``cache=True`` keeps them on disk),
 and ``compiling_kernels`` says so while it happens, so a first run never waits
 in silence.
@@ -96,3 +98,51 @@ def compiling_kernels() -> Iterator[None]:
             yield
         finally:
             counter.finish()
+
+
+class PromptProgress:
+    """The prefill's bar: called with (tokens computed, tokens to compute) before and after each chunk
+    (``LLM.prefill_progress``). A prompt read within ``delay`` seconds shows nothing, nor does one of
+    ``chunk`` tokens or fewer (its bar could not move); a longer one shows ``task``'s bar (tokens done /
+    total, tokens/s) from then on, or off a terminal one line and its end."""
+
+    def __init__(self, chunk: int = 0, description: str = "reading the prompt", delay: float = 1.0):
+        self.description, self.delay, self.chunk = description, delay, chunk
+        self._step = None  # the running ``task`` and its bar, once shown
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        self._done = self._total = 0
+
+    def __call__(self, done: int, total: int) -> None:
+        with self._lock:
+            self._done, self._total = done, total
+            if done == 0 and total > self.chunk:
+                self._timer = threading.Timer(self.delay, self._show)
+                self._timer.daemon = True
+                self._timer.start()
+            elif self._step is not None:
+                self._step[1].update(done - self._step[1].n)
+            if done == total:
+                self._finish()
+
+    def _show(self) -> None:
+        with self._lock:
+            if self._done == self._total or self._step is not None:
+                return
+            context = task(f"{self.description} ({self._total:,} tokens)", total=self._total, unit="token")
+            bar = context.__enter__()
+            bar.update(self._done)
+            bar.refresh()
+            self._step = (context, bar)
+
+    def _finish(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._step is not None:
+            self._step[0].__exit__(None, None, None)
+        self._step = self._timer = None
+
+    def close(self) -> None:
+        """End a bar left open (a prefill that failed half-way)."""
+        with self._lock:
+            self._finish()

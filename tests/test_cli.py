@@ -353,7 +353,7 @@ def test_info_counts_the_tensor_types_of_a_gguf_file(tmp_path, capsys):
     assert code == 0 and set(types) == {"Q8_0", "F32"}
     assert rows["tensors"] == ", ".join(f"{n} {name}" for name, n in types.most_common())
     assert rows["file"].startswith("GGUF, ") and rows["tokenizer"] == "none"
-    float32, quantized = re.fullmatch(r"(\S+) KiB as float32; (\S+) KiB quantized", rows["weights"]).groups()
+    quantized, float32 = re.match(r"(\S+) KiB as stored, quantized .*; (\S+) KiB dequantized", rows["weights"]).groups()
     assert float(quantized) < float(float32) / 3  # Q8_0: 34 bytes a block of 32 weights
 
 
@@ -366,8 +366,8 @@ def test_a_quantized_load_keeps_the_matrices_of_a_gguf_file_in_their_blocks(tmp_
 
 
 @pytest.mark.parametrize("command", [["generate", "hi"], ["chat"], ["bench"]])
-@pytest.mark.parametrize("flags, quantized", [([], True), (["--float32"], False)])
-def test_generation_multiplies_from_quantized_blocks_unless_asked_for_float32(command, flags, quantized, monkeypatch):
+@pytest.mark.parametrize("flags, quantized", [([], True), (["--dequantize"], False)])
+def test_generation_multiplies_from_quantized_blocks_unless_asked_to_dequantize(command, flags, quantized, monkeypatch):
     asked = {}
 
     def load(name, **options):
@@ -438,7 +438,7 @@ def test_a_bad_flag_value_is_one_line_without_traceback():
     done = refllm_process("generate", "hi", "--max-tokens", "lots")
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.splitlines() == [
-        "refllm generate: error: argument --max-tokens: 'lots' is not a whole number (see refllm generate --help)"
+        "refllm generate: error: argument -n/--max-tokens: 'lots' is not a whole number (see refllm generate --help)"
     ]
 
 

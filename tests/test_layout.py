@@ -27,6 +27,7 @@ LAYERS = [
     ("refllm.quant",),
     ("refllm.kv",),
     ("refllm.models",),
+    ("refllm.tracing",),
     ("refllm.io",),
     ("refllm.catalog", "refllm.loading", "refllm.memory"),
     ("refllm.runtime",),

@@ -301,11 +301,15 @@ def test_over_tls_a_correct_server_passes_and_a_late_one_fails_within_the_deadli
         assert code == 1 and lines[-1] == f"prompt 0 FAIL: {LATE}" and seconds < TIMEOUT + 3
 
 
-def test_no_server_at_the_address_is_one_line(capsys, tiny):
+def test_no_server_at_the_address_is_one_line_before_anything_loads(capsys, tiny):
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))  # a port nobody listens on
-        code, lines, seconds, _ = check(capsys, f"http://127.0.0.1:{closed.getsockname()[1]}/v1", tiny)
-    assert code == 1 and lines[-1].startswith("prompt 0 FAIL: ") and "refused" in lines[-1] and seconds < TIMEOUT
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}/v1"
+        start = time.monotonic()
+        code = main(["check", "--server", url, "--model", "tiny", "--reference", tiny])
+    out, err = capsys.readouterr()
+    assert code == 1 and out == "" and time.monotonic() - start < TIMEOUT
+    assert err.startswith(f"refllm: error: cannot reach {url}: ") and "refused" in err and len(err.splitlines()) == 1
 
 
 def test_the_run_has_a_deadline_of_its_own(capsys, fake, tiny):

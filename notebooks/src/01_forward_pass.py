@@ -43,8 +43,12 @@ print(f"D={D} H={H} K={K} E={E} F={F} V={V} L={c.num_hidden_layers}")
 #
 # $$x_{b,t} = W_\text{embed}[\text{id}_{b,t}] \qquad W_\text{embed} \in \mathbb{R}^{V \times D}$$
 
+# A random model has no tokenizer, so we give eight of its ids words of our own, for the pictures.
+#
 # %%
-tokens = np.array([[3, 17, 42, 8, 25, 3, 17, 60]])  # [B, T]
+WORDS = {3: "the", 17: "cat", 42: "sat", 8: "on", 25: "warm", 60: "mat", 9: "."}
+tokens = np.array([[3, 17, 42, 8, 3, 25, 60, 9]])  # [B, T]: "the cat sat on the warm mat ."
+words = [WORDS[int(i)] for i in tokens[0]]
 B, T = tokens.shape
 x = embed(tokens, w.embed_tokens, c.embedding_scale)  # [B, T, D]
 print("tokens", tokens.shape, "-> x", x.shape)
@@ -120,20 +124,21 @@ np.testing.assert_allclose(weights.sum(axis=-1), 1.0, rtol=1e-6)
 np.testing.assert_allclose(out, attention(q0, k0, v0, positions[0], a.scale), rtol=1e-5, atol=1e-6)
 
 # %% [markdown]
-# Each panel is one head: row `t` shows how much query position `t` takes from each key
-# position. The upper triangle is empty (the future is masked); heads 0 and 1 share one
-# KV head, as do heads 2 and 3.
+# Each panel is one head: row `t` shows how much the word at `t` takes from each word
+# before it (each row sums to 1). The upper triangle is empty (the future is masked);
+# heads 0 and 1 share one KV head, as do heads 2 and 3.
 
 # %%
-fig, axes = plt.subplots(1, H, figsize=(3.2 * H, 3.2))
+fig, axes = plt.subplots(1, H, figsize=(3.3 * H, 3.6), layout="constrained")
 for head, ax in enumerate(axes):
-    ax.imshow(weights[head], cmap="viridis", vmin=0, vmax=1)
-    ax.set_title(f"layer 0, head {head} (KV head {head // group})", fontsize=9)
-    ax.set_xticks(range(T), tokens[0], fontsize=7)
-    ax.set_yticks(range(T), tokens[0], fontsize=7)
-    ax.set_xlabel("key (token id)")
-axes[0].set_ylabel("query (token id)")
-plt.tight_layout()
+    image = ax.imshow(weights[head], cmap="viridis", vmin=0, vmax=1)
+    ax.set_title(f"head {head} (KV head {head // group})", fontsize=9)
+    ax.set_xticks(range(T), words, fontsize=8, rotation=60)
+    ax.set_yticks(range(T), words, fontsize=8)
+    ax.set_xlabel("key: looked at")
+axes[0].set_ylabel("query: looking")
+fig.colorbar(image, ax=axes, shrink=0.8, label="attention weight")
+fig.suptitle("layer 0: how much each word takes from each earlier word")
 plt.show()
 
 # %% [markdown]
@@ -200,3 +205,21 @@ print("max |difference|: spec", np.abs(logits - spec).max(), " paged", np.abs(lo
 probs = softmax(logits[0, -1])  # [V]
 top = np.argsort(-probs)[:5]
 print("most likely next ids:", top, "with probabilities", probs[top].round(3))
+
+# %% [markdown]
+# ## 10. The same, recorded: `refllm.tracing`
+#
+# `trace(model, ids)` runs the model's own forward pass through the spec ops and keeps
+# every op's output, per layer, with each layer's attention weights: what we computed by
+# hand above, without writing it out. The web page of `refllm serve` draws its inside view
+# from it, and notebook 06 uses it to find where two runs part ways.
+
+# %%
+from refllm.tracing import trace
+
+traced = trace(model, tokens[0])
+for op in traced.layers[0].ops:
+    print(f"{op.name:<10} {op.weight or '':<28} {tuple(op.output.shape)}")
+np.testing.assert_allclose(traced.layers[0].attention, weights, rtol=1e-5, atol=1e-6)
+np.testing.assert_allclose(traced.logits, logits[0], rtol=1e-5, atol=1e-5)
+

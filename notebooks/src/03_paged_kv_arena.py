@@ -127,6 +127,70 @@ assert arena.length(1) == 10
 print("paged kernel:", paged.ravel().round(4), " spec:", spec.ravel().round(4))
 
 # %% [markdown]
+# ## Block by block, as the kernel does
+#
+# The paged decode kernel (`paged_decode_attention` in `refllm/kernels/attention.py`)
+# does not gather either. It walks the sequence's block table and reads each block's
+# slots in place, folding them into a running softmax: the largest score so far $m$,
+# the sum $l$ of $e^{s - m}$ so far, and the weighted sum of values so far, each
+# rescaled by $e^{m_\text{old} - m_\text{new}}$ when a block brings a larger score. At
+# the end, out $= \text{acc} / l$: the softmax, without ever holding all the scores.
+# The same walk in NumPy, for the query above:
+
+# %%
+def attend_block_by_block(arena, seq, q, scale, num_keys):
+    """One query q [H, E] over positions 0 .. num_keys-1 of seq, one block of its table at a time."""
+    S = arena.block_size
+    m = np.full(len(q), -np.inf)  # [H]: the largest score so far
+    l = np.zeros(len(q))  # [H]: sum of exp(score - m) so far
+    acc = np.zeros(q.shape)  # [H, E]: sum of exp(score - m) * value so far
+    steps = []
+    for index, block in enumerate(arena.block_table(seq)):
+        first = index * S  # the position of the block's slot 0
+        n = min(S, num_keys - first)  # slots in use in this block
+        if n <= 0:
+            break
+        k, v = arena.k[0, block, :n, 0], arena.v[0, block, :n, 0]  # [n, E], read in place (one KV head)
+        scores = (q @ k.T) * scale  # [H, n]
+        new_m = np.maximum(m, scores.max(axis=1))
+        rescale = np.exp(m - new_m)  # what the sums so far are worth against the new maximum
+        e = np.exp(scores - new_m[:, None])
+        l, acc, m = l * rescale + e.sum(axis=1), acc * rescale[:, None] + e @ v, new_m
+        steps.append(dict(block=int(block), positions=(first, first + n - 1), m=m.copy(), l=l.copy()))
+    return acc / l[:, None], steps
+
+
+walked, steps = attend_block_by_block(arena, 1, q[0, 0], 0.5, length + 1)
+for step in steps:
+    print(f"block {step['block']}: positions {step['positions']}, running max {step['m'].round(3)},"
+          f" running sum {step['l'].round(3)}")
+np.testing.assert_allclose(walked, paged[0, 0], rtol=1e-5, atol=1e-6)
+
+# %% [markdown]
+# Where each key's weight comes from: the bars are the final softmax weights of head 0
+# over a's 11 positions, coloured by the block the kernel read them from; the line is the
+# running sum $l$ after each block (it drops when a block brings a larger maximum, since
+# everything before is rescaled down).
+
+# %%
+weights = np.exp((q[0, 0] @ gathered_k[:, 0].T) * 0.5)  # [H, 11], softmax numerators
+weights /= weights.sum(axis=1, keepdims=True)
+colors = plt.get_cmap("tab10")
+fig, (bars, running) = plt.subplots(1, 2, figsize=(11, 3.2), gridspec_kw=dict(width_ratios=[2, 1]))
+for step in steps:
+    first, last = step["positions"]
+    span = np.arange(first, last + 1)
+    bars.bar(span, weights[0, span], color=colors(step["block"]), label=f"block {step['block']}")
+bars.set(xlabel="key position", ylabel="weight (head 0)", title="softmax weights, by the block they came from")
+bars.set_xticks(range(length + 1))
+bars.legend(fontsize=8)
+running.plot(range(len(steps)), [step["l"][0] for step in steps], "o-")
+running.set_xticks(range(len(steps)), [f"block {step['block']}" for step in steps])
+running.set(title="running sum l after each block (head 0)", ylabel="l")
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
 # ## Fork: share, don't copy
 #
 # `fork(a, c)` gives c a's whole history without copying a byte: c's table is a's

@@ -11,8 +11,10 @@
 # checkpoint's tensors (Hugging Face names), with attention as its own code.
 
 # %%
+%matplotlib inline
 import functools
 
+import matplotlib.pyplot as plt
 import numpy as np
 
 from refllm.nn.linear import linear
@@ -102,6 +104,43 @@ try:
 except ConformanceFailure as failure:
     what = next(line for line in str(failure).splitlines() if line.strip().startswith("what:"))
     print("the broken one does not:", what.strip())
+
+# %% [markdown]
+# ## Where the two part ways, in a picture
+#
+# `refllm.tracing.trace` records the reference's residual stream after every layer
+# (and every op's output). Setting each backend's hidden states beside it, layer by
+# layer, shows what the report will say in words: the broken backend is wrong from
+# layer 0 on, the correct one agrees to float32 rounding.
+
+# %%
+from refllm.tracing import compare, trace
+
+tokens = [3, 17, 5, 9, 22]
+reference = trace(checkpoint.reference(), tokens)
+truth = [reference.residual_after(i) for i in range(len(reference.layers))]  # leaving each layer
+
+
+def layer_errors(backend):
+    states = backend.layer_states(np.array(tokens))[1:]  # [L, T, D]: leaving each layer
+    return [np.abs(state - expected).max() / np.abs(expected).max() for state, expected in zip(states, truth)]
+
+
+fig, (by_layer, by_op) = plt.subplots(1, 2, figsize=(11, 3.4))
+for backend, style in ((ToyBackend, "o-"), (BrokenToyBackend, "s--")):
+    by_layer.semilogy(layer_errors(backend(checkpoint)), style, label=backend.__name__)
+by_layer.set_xticks(range(len(truth)), [f"after layer {i}" for i in range(len(truth))])
+by_layer.set(ylabel="max relative error", title="each backend's hidden states against the reference")
+by_layer.legend()
+
+# The same tool between refllm's float32 and float64 (ground truth) runs: op by op, how rounding grows.
+errors = compare(reference, trace(checkpoint.reference("float64"), tokens))
+by_op.semilogy([max(error, 1e-12) for _, error in errors], ".-")
+by_op.set(xlabel="op, in the order the forward pass runs them", ylabel="relative error",
+          title="float32 against float64, op by op")
+plt.tight_layout()
+plt.show()
+assert layer_errors(BrokenToyBackend(checkpoint))[0] > 1e-2 > 1e-4 > max(layer_errors(ToyBackend(checkpoint)))
 
 # %% [markdown]
 # ## The conformance run

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from refllm.commands.common import write
+from refllm.commands.common import switch_note, write
 from refllm.runtime.engine import Engine
 from refllm.runtime.sampling import SamplingParams
 
@@ -37,10 +38,19 @@ class AnswerStats:
 
 
 def stream_answer(
-    engine: Engine, prompt_ids: list[int], params: SamplingParams, *, ctrl_c_stops: bool = False, images=()
+    engine: Engine,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    *,
+    echo: str = "",
+    ctrl_c_stops: bool = False,
+    images=(),
 ) -> tuple[str, AnswerStats]:
     """Write the answer to stdout as it comes -> (the text shown, its stats).
 
+    ``echo``: text written before the answer (the prompt ``generate`` continues), with its first piece:
+    a prompt too long for the context is refused before anything is shown, and a long prompt's progress
+    bar has its own line.
     ``ctrl_c_stops``: Ctrl-C ends this answer cleanly (between engine steps) instead of raising.
     ``images``: the prompt's pixel batches, for a vision-language model.
     """
@@ -49,7 +59,8 @@ def stream_answer(
     parts, tokens, first, last, reason = [], [], start, start, "cancelled"
     with _ctrl_c_sets_flag() if ctrl_c_stops else contextlib.nullcontext(threading.Event()) as interrupted:
         for delta in handle:
-            write(delta.text)
+            write(echo + delta.text)
+            echo = ""
             parts.append(delta.text)
             if delta.token_id is not None:
                 first = first if tokens else time.perf_counter()
@@ -59,7 +70,10 @@ def stream_answer(
             if interrupted.is_set():
                 handle.cancel()
                 break
-    write("\n")
+    write(echo + "\n")
+    note = switch_note(engine)
+    if note:
+        print(note, file=sys.stderr)
     stopped = _stop_reason(reason, tokens, params, engine.info.eos_token_ids, engine.info.context_length)
     return "".join(parts), AnswerStats(len(prompt_ids), len(tokens), first - start, last - first, stopped)
 

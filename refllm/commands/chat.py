@@ -19,6 +19,7 @@ import numpy as np
 from refllm import catalog
 from refllm.commands import common
 from refllm.commands.answer import stream_answer
+from refllm.commands.parsing import closest
 from refllm.commands.flags import SAMPLING_FLAGS, UsageError, checked_params, precision, sampling_params
 from refllm.errors import InvalidInputError
 from refllm.io.images import read_image
@@ -30,6 +31,9 @@ from refllm.runtime.sampling import SamplingParams
 HELP = """\
 commands:
   /help                 this list
+  /show                 the model, its chat template, the settings and how much of the context is used
+  /show template        the chat template itself
+  /retry                answer the last message again (a new draw when sampling)
   /set                  show the settings
   /set NAME VALUE       change a setting: temperature, top-p, top-k, min-p, repetition-penalty,
                         seed, max-tokens (as the flags of the same names), or system (the system message)
@@ -37,10 +41,12 @@ commands:
   /load FILE            read a conversation and settings written by /save
   /image FILE           attach an image to your next message (a vision-language model; repeatable)
   /reset                forget the conversation (the system message stays)
-  /exit, /quit, Ctrl-D  quit
+  /exit, /quit, Ctrl-D  quit (or Ctrl-C twice at an empty prompt)
 several lines: start and end them with a line of \"\"\", or end each line but the last with \\
-Ctrl-C stops an answer; up and down arrows walk the history"""
+Ctrl-C stops an answer, or clears a half-typed line; up and down arrows walk the history"""
 BLOCK = '"""'
+CANCELLED = None  # what ``_user_lines`` yields for a line (or block of lines) cleared with Ctrl-C
+QUIT_HINT = "(to quit: Ctrl-C again, Ctrl-D or /exit)"
 FORMAT = "refllm-chat/1"  # the "format" field of a saved conversation
 
 
@@ -62,11 +68,16 @@ def chat_prompt(model, messages: list[dict], images: list[np.ndarray]) -> tuple[
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    if args.model_name is not None and args.model is not None:
+        raise UsageError(f"argument MODEL: the model is given twice, as {args.model_name} and with --model")
+    name = args.model_name or args.model or catalog.DEFAULT_MODEL
     conversation = Conversation(sampling_params(args), args.system, args.quiet)  # every flag checked before loading
-    model = common.load(args.model, chat=True, context=args.context, **precision(args))
-    engine = common.start_engine(model, args.context)
+    model = common.load(name, chat=True, context=args.context, **precision(args))
+    engine = common.start_engine(model, args.context, name)
+    # the engine's model: a first run's moves from the spec ops to the kernels, and /show says which it is on
+    conversation.about = lambda: describe_model(name, engine.executor.llm.model, engine.info.context_length)
     if sys.stdin.isatty():
-        print(f"chatting with {args.model}; /help lists the commands", file=sys.stderr)
+        print(f"chatting with {name}; /help lists the commands", file=sys.stderr)
     try:
         for text in _messages(_user_lines()):
             if text in ("/exit", "/quit"):
@@ -77,12 +88,24 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return 0
 
 
+def describe_model(name: str, model, context: int) -> dict[str, str]:
+    """/show's first rows: the model and what it computes with."""
+    c = model.config
+    weights = "quantized blocks" if common.has_quantized_weights(model) else f"{model.dtype.name} weights"
+    ops = "the spec ops (NumPy)" if model.ops.name == "spec" else "the Numba kernels"
+    return {
+        "model": f"{name}: {c.model_type}, {c.num_parameters / 1e6:.1f} M parameters, {weights}, {ops}",
+        "context": str(context),
+    }
+
+
 class Conversation:
     """A conversation, its system message and its settings; ``handle`` takes one message or command."""
 
     def __init__(self, params: SamplingParams, system: str | None, quiet: bool):
         self.params, self.system, self.quiet = params, system, quiet
         self.messages: list[dict] = []
+        self.about = lambda: {}  # -> what /show says of the model, set once it is loaded
         self.images: list[np.ndarray] = []  # the conversation's images, in the order their messages hold them
         self.attached: list[np.ndarray] = []  # /image's, waiting for the next message
 
@@ -99,6 +122,8 @@ class Conversation:
             return
         actions = {
             "/help": self._help,
+            "/show": lambda rest: self._show(rest, model),
+            "/retry": lambda rest: self._retry(engine, model),
             "/set": self._set,
             "/save": self._save,
             "/load": self._load,
@@ -106,7 +131,7 @@ class Conversation:
             "/image": lambda rest: self._image(rest, model),
         }
         if command not in actions:
-            _say(f"unknown command {command}; /help lists the commands")
+            _say(f"unknown command {command}{closest(command, actions) or ';'} /help lists the commands")
             return
         try:
             actions[command](rest.strip())
@@ -117,19 +142,51 @@ class Conversation:
         # text alone stays a string (as /save keeps it); a message with images becomes content parts
         self.messages.append({"role": "user", "content": content_parts(text, len(self.attached)) if self.attached else text})
         images = self.images + self.attached
+        if self._reply(engine, model, images):
+            self.images, self.attached = images, []
+        else:
+            self.messages.pop()
+
+    def _reply(self, engine: Engine, model, images: list[np.ndarray]) -> bool:
+        """Answer the conversation as it stands -> whether an answer came (one past the context is refused)."""
         try:
             ids, pixels = chat_prompt(model, self.template_messages(), images)
             answer, stats = stream_answer(engine, ids, self.params, ctrl_c_stops=True, images=pixels)
         except InvalidInputError as error:  # a conversation past the context, say: the chat goes on
-            self.messages.pop()
             _say(f"refllm: {error}; /reset starts a new conversation")
-            return
-        self.images, self.attached = images, []
+            return False
         self.messages.append({"role": "assistant", "content": answer})
         if stats.stopped == "interrupted":
             _say("(answer stopped)")
         if not self.quiet:
             _say(stats.line())
+        return True
+
+    def _retry(self, engine: Engine, model) -> None:
+        if not self.messages or self.messages[-1]["role"] != "assistant":
+            raise InvalidInputError("nothing to retry yet: no answer in this conversation")
+        previous = self.messages.pop()
+        if not self._reply(engine, model, self.images):
+            self.messages.append(previous)
+
+    def _show(self, rest: str, model) -> None:
+        template = model.tokenizer.chat_template.source
+        if rest == "template":
+            _say(template)
+            return
+        if rest:
+            raise UsageError(f"no /show {rest}; /show alone, or /show template")
+        used = len(chat_prompt(model, self.template_messages(), self.images)[0]) if self.template_messages() else 0
+        about = self.about()
+        context = int(about.get("context", 0)) or None
+        share = f" ({100 * used / context:.1f}%)" if context else ""
+        rows = {
+            "model": about.get("model", "?"),
+            "template": f"the model's chat template, {len(template.splitlines())} lines (/show template prints it)",
+            "context": f"{used:,} of {context or '?':,} tokens used{share}, {len(self.messages)} messages",
+        }
+        lines = [f"  {key:<20}{value}" for key, value in rows.items()]
+        _say("\n".join([*lines, "settings:", self._describe_settings()]))
 
     def _help(self, rest: str) -> None:
         _say(HELP)
@@ -154,7 +211,7 @@ class Conversation:
         value = value.strip()
         if name == "system":
             self.system = value or None
-            _say(f"system message: {value!r}" if value else "no system message")
+            _say(f"system message: {value}" if value else "no system message")
             return
         field = name.replace("-", "_")
         if field not in SAMPLING_FLAGS:
@@ -163,14 +220,14 @@ class Conversation:
             raise UsageError(f"/set {name} needs a value")
         settings = self._settings() | {field: _parse_setting(field, value)}
         self.params = checked_params(settings, name=lambda f: f.replace("_", "-"), logit_bias=self.params.logit_bias)
-        _say(f"{name} = {getattr(self.params, field)}")
+        _say(f"{name} = {_shown(getattr(self.params, field))}")
 
     def _settings(self) -> dict:
         return {field: getattr(self.params, field) for field in SAMPLING_FLAGS}
 
     def _describe_settings(self) -> str:
-        lines = [f"  {field.replace('_', '-'):<20}{value}" for field, value in self._settings().items()]
-        return "\n".join([*lines, f"  {'system':<20}{self.system!r}"])
+        lines = [f"  {field.replace('_', '-'):<20}{_shown(value)}" for field, value in self._settings().items()]
+        return "\n".join([*lines, f"  {'system':<20}{_shown(self.system)}"])
 
     def _save(self, rest: str) -> None:
         if not rest:
@@ -214,6 +271,11 @@ def _read_saved(saved, name: str) -> tuple[list[dict], str | None, dict]:
     return [{"role": m["role"], "content": m["content"]} for m in messages], system, settings
 
 
+def _shown(value) -> str:
+    """A setting as a person reads it: no value is "none" (never Python's None or quotes)."""
+    return "none" if value is None else str(value)
+
+
 def _parse_setting(field: str, value: str) -> int | float | None:
     whole = field in ("top_k", "seed", "max_tokens")
     if field == "seed" and value == "none":
@@ -228,37 +290,56 @@ def _parse_setting(field: str, value: str) -> int | float | None:
     return number
 
 
-def _messages(lines: Iterator[str]) -> Iterator[str]:
-    """Join the lines of a multi-line message: between two lines of \"\"\", or each ending with a backslash."""
+def _messages(lines: Iterator[str | None]) -> Iterator[str]:
+    """Join the lines of a multi-line message: between two lines of \"\"\", or each ending with a backslash.
+    A line cleared with Ctrl-C (``CANCELLED``) drops the message it was part of."""
     for line in lines:
+        if line is CANCELLED:
+            continue
         text = line.rstrip("\n")
         if text.strip() == BLOCK:
-            block = []
+            block, more = [], ""
             for more in lines:
-                if more.strip() == BLOCK:
+                if more is CANCELLED or more.strip() == BLOCK:
                     break
                 block.append(more.rstrip("\n"))
-            yield "\n".join(block).strip()
+            if more is not CANCELLED:
+                yield "\n".join(block).strip()
             continue
-        while text.endswith("\\"):
-            text = text[:-1] + "\n" + next(lines, "").rstrip("\n")
-        yield text.strip()
+        while text is not None and text.endswith("\\"):
+            more = next(lines, "")
+            text = None if more is CANCELLED else text[:-1] + "\n" + more.rstrip("\n")
+        if text is not None:
+            yield text.strip()
 
 
-def _user_lines() -> Iterator[str]:
-    """Lines typed at a "> " prompt on a terminal, with history, or read from piped stdin; ends at EOF or Ctrl-C."""
+def _user_lines() -> Iterator[str | None]:
+    """Lines typed at a "> " prompt on a terminal, with history, or read from piped stdin; ends at EOF.
+
+    Ctrl-C clears a half-typed line (or the message of several lines being typed: ``CANCELLED``); at an
+    empty prompt it says how to quit, and a second Ctrl-C in a row quits."""
     if not sys.stdin.isatty():
         yield from sys.stdin
         return
     history = _start_history()
-    in_block = continued = False
+    in_block = continued = warned = False
     try:
         while True:
             try:
                 line = input("... " if in_block or continued else "> ")
-            except (EOFError, KeyboardInterrupt):
+            except EOFError:
                 print(file=sys.stderr)
                 return
+            except KeyboardInterrupt:
+                typed = in_block or continued or (history is not None and _line_buffer())
+                if not typed and warned:
+                    print(file=sys.stderr)
+                    return
+                _say("" if typed else f"\n{QUIT_HINT}")
+                warned, in_block, continued = not typed, False, False
+                yield CANCELLED
+                continue
+            warned = False
             if line.strip() == BLOCK:
                 in_block = not in_block
             continued = line.endswith("\\")
@@ -266,6 +347,12 @@ def _user_lines() -> Iterator[str]:
     finally:
         if history is not None:
             _save_history(history)
+
+
+def _line_buffer() -> str:
+    import readline
+
+    return readline.get_line_buffer()
 
 
 def _start_history() -> Path | None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import numpy as np
 
 from refllm import catalog, progress
+from refllm.commands import warm_start
+from refllm.commands.parsing import closest
 from refllm.errors import InvalidInputError
 from refllm.families import checkpoint_layout
 from refllm.kv import CacheConfig
@@ -18,11 +21,11 @@ from refllm.models.contract import ModelSource
 from refllm.models.connector import connector_shapes
 from refllm.models.decoder import DecoderModel
 from refllm.models.vision_tower import vision_tower_shapes
-from refllm.models.weights import checkpoint_shapes
+from refllm.models.weights import checkpoint_shapes, weight_leaves
 from refllm.quant.linear import QuantizedTensor
 from refllm.runtime.engine import Engine
 from refllm.runtime.executor import LLMExecutor
-from refllm.runtime.llm import LLM
+from refllm.runtime.llm import LLM, PREFILL_CHUNK
 
 
 def open_model(name: str, quantized: bool = False, *, chat: bool = False, dtype: str = "float32") -> ModelSource:
@@ -42,6 +45,7 @@ def open_model(name: str, quantized: bool = False, *, chat: bool = False, dtype:
             raise InvalidInputError(f"{name}: no such file or directory")
         raise InvalidInputError(
             f"{name} is neither a catalog model ({', '.join(catalog.CATALOG)}) nor an existing file or directory"
+            + closest(name, catalog.CATALOG)
         )
     return open_source(path, quantized=quantized, dtype=dtype)
 
@@ -117,21 +121,56 @@ def _no_chat_template(name: str) -> InvalidInputError:
     )
 
 
-def warm_llm(model: DecoderModel, context: int | None = None) -> LLM:
-    """An LLM over the model, its kernels compiled (with a notice) or loaded from the cache before any request.
+def warm_llm(model: DecoderModel, context: int | None = None, *, name: str | None = None, on_switch=None) -> LLM:
+    """An LLM over the model, its kernels loaded from Numba's cache, or compiled now (with a notice), before
+    any request. The spec ops compile nothing, and their arena writes in NumPy.
 
+    ``name``: the model as the command names it. With it, kernels not in the cache yet compile in another
+    process while the LLM answers on the spec ops, moving to them when ready (``warm_start``);
+    ``on_switch()`` is called then (``switch_note`` tells it too). REFLLM_COMPILE=foreground in the
+    environment waits for the compile instead, as every run did before.
     ``context`` caps the tokens of a sequence, and sizes the KV arena for one such sequence.
     """
     cache = CacheConfig() if context is None else CacheConfig(num_blocks=blocks_for(context, CacheConfig.block_size))
     llm = LLM(model, cache, context_length=context)
+    if model.ops.name == "spec":  # nothing to compile, so nothing to warm up
+        llm.arena.use_kernels = False
+        return llm
+    background = name is not None and os.environ.get("REFLLM_COMPILE") != "foreground"
+    if background and warm_start.kernels_cached(llm):
+        return llm
+    if background and warm_start.spec_twin_fits(model):
+        twin = warm_start.SpecUntilKernels(warm_start.spec_twin(model), model, on_switch)
+        warm_start.start_compiling(name, has_quantized_weights(model))
+        print(warm_start.NOTICE, file=sys.stderr)
+        llm = LLM(twin, cache, context_length=context)  # no warm-up: the spec ops compile nothing
+        warm_start.watch(twin, model, lambda line: print(line, file=sys.stderr))
+        return llm
     with progress.compiling_kernels():
         llm.warm_up()
     return llm
 
 
-def start_engine(model: DecoderModel, context: int | None = None) -> Engine:
-    """An engine for one user at a time, stepped by its caller; see ``warm_llm``."""
-    return Engine(LLMExecutor(warm_llm(model, context), offload=False), model.tokenizer)
+def start_engine(model: DecoderModel, context: int | None = None, name: str | None = None) -> Engine:
+    """An engine for one user at a time, stepped by its caller, that shows a long prompt's progress;
+    see ``warm_llm``."""
+    llm = warm_llm(model, context, name=name)
+    llm.prefill_progress = progress.PromptProgress(PREFILL_CHUNK)
+    return Engine(LLMExecutor(llm, offload=False), model.tokenizer)
+
+
+def switch_note(engine: Engine) -> str | None:
+    """The line that says the engine's model moved to the kernels, once, after the answer it happened in."""
+    model = engine.executor.llm.model
+    if isinstance(model, warm_start.SpecUntilKernels) and model.switched and not model.announced:
+        model.announced = True
+        return warm_start.SWITCHED
+    return None
+
+
+def has_quantized_weights(model: DecoderModel) -> bool:
+    """Whether any of the model's matrices is kept in quantized blocks."""
+    return any(isinstance(array, QuantizedTensor) for array in weight_leaves(model.weights))
 
 
 class _CountingSource:

@@ -13,6 +13,7 @@ import sys
 
 from refllm import catalog
 from refllm.cluster import LOCAL, check_reachable, import_ray
+from refllm.commands.parsing import closest
 from refllm.errors import InvalidInputError
 from refllm.models.decoder import DTYPES
 from refllm.runtime.sampling import LOGIT_BIAS_LIMIT, TEMPERATURE_FLOOR, SamplingParams, SamplingParamsError
@@ -79,6 +80,14 @@ def positive_number(text: str) -> float:
     return value
 
 
+def catalog_name(text: str) -> str:
+    """A name in the catalog; another is refused with the closest one."""
+    if text not in catalog.CATALOG:
+        names = ", ".join(catalog.CATALOG)
+        raise argparse.ArgumentTypeError(f"{text!r} is not in the catalog ({names}){closest(text, catalog.CATALOG)}")
+    return text
+
+
 def logit_bias_entry(text: str) -> tuple[int, float]:
     """``TOKEN_ID=BIAS`` (``50256=-100``) -> (token id, bias), the bias in [-100, 100]."""
     token, _, bias = text.partition("=")
@@ -107,29 +116,57 @@ def port_number(text: str) -> int:
     return value
 
 
-FLOAT32_HELP = "dequantize a GGUF file's weights to float32 instead of multiplying from its blocks"
+DEQUANTIZE_HELP = "dequantize a GGUF file's weights to float32 instead of multiplying from its blocks"
 DTYPE_HELP = "float32 (default), or float64: ground truth, every step in float64 with the spec ops (slow)"
-REFERENCE_HELP = "run the spec ops (the functions of refllm/nn, plain NumPy) instead of their Numba twins"
+SPEC_OPS_HELP = "run the spec ops (the functions of refllm/nn, plain NumPy) instead of their Numba twins"
 
 
-def add_precision_flags(parser: argparse.ArgumentParser, float32: bool = True) -> None:
-    """--dtype and --reference (docs/reference.md), and --float32 where quantized blocks are the default."""
-    if float32:
-        parser.add_argument("--float32", action="store_true", help=FLOAT32_HELP)
+class DeprecatedName(argparse.Action):
+    """A flag's old name, kept for one release: it sets the new flag and says to use that instead."""
+
+    def __init__(self, option_strings, dest, new_name: str, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kwargs)
+        self.new_name = new_name
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(
+            f"{parser.prog}: warning: {option_string} is deprecated and goes in the next release;"
+            f" it means {self.new_name}, which to use instead",
+            file=sys.stderr,
+        )
+        setattr(namespace, self.dest, True)
+
+
+def add_dequantize_flag(parser: argparse.ArgumentParser, help: str = DEQUANTIZE_HELP) -> None:
+    """--dequantize, and its old name --float32."""
+    parser.add_argument("--dequantize", action="store_true", help=help)
+    parser.add_argument("--float32", dest="dequantize", action=DeprecatedName, new_name="--dequantize")
+
+
+def add_precision_flags(parser: argparse.ArgumentParser, dequantize: bool = True) -> None:
+    """--dtype and --spec-ops (docs/reference.md), and --dequantize where quantized blocks are the default."""
+    if dequantize:
+        add_dequantize_flag(parser)
     parser.add_argument("--dtype", choices=DTYPES, default="float32", help=DTYPE_HELP)
-    parser.add_argument("--reference", action="store_true", help=REFERENCE_HELP)
+    parser.add_argument("--spec-ops", action="store_true", help=SPEC_OPS_HELP)
+    parser.add_argument("--reference", dest="spec_ops", action=DeprecatedName, new_name="--spec-ops")
 
 
 def precision(args: argparse.Namespace) -> dict:
     """The precision flags as ``common.load``'s keywords: quantized blocks only on the float32 fast path."""
-    dtype, reference = args.dtype, args.reference or None
-    quantized = not getattr(args, "float32", True) and dtype == "float32" and not reference
-    return {"quantized": quantized, "dtype": dtype, "reference": reference}
+    dtype, spec_ops = args.dtype, args.spec_ops or None
+    quantized = not getattr(args, "dequantize", True) and dtype == "float32" and not spec_ops
+    return {"quantized": quantized, "dtype": dtype, "reference": spec_ops}
+
+
+def add_model_flag(parser: argparse.ArgumentParser, default: str | None = catalog.DEFAULT_MODEL) -> None:
+    """-m/--model: a catalog name, a .gguf file or a Hugging Face directory."""
+    parser.add_argument("-m", "--model", default=default, metavar="MODEL", help=MODEL_HELP)
 
 
 def add_generation_flags(parser: argparse.ArgumentParser, max_tokens: int) -> None:
     flag = parser.add_argument
-    flag("--max-tokens", type=positive_int, default=max_tokens, metavar="N", help=f"most tokens (default {max_tokens})")
+    flag("-n", "--max-tokens", type=positive_int, default=max_tokens, metavar="N", help=f"most tokens (default {max_tokens})")
     flag("--temperature", type=float, default=0.0, metavar="T",
          help=f"0 is greedy (default); else at least {TEMPERATURE_FLOOR:g}, higher is more random")  # fmt: skip
     flag("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass (default 1.0: off)")
@@ -162,6 +199,15 @@ def checked_params(settings: dict, *, name, **more) -> SamplingParams:
         if error.name not in settings:  # a field given whole (logit_bias): the error says what in it is wrong
             raise UsageError(f"{name(error.name)}: {error}") from None
         raise UsageError(f"{name(error.name)}: {settings[error.name]} {error.rule}") from None
+
+
+def prompt_argument(args: argparse.Namespace) -> str:
+    """The prompt given as PROMPT or as -p/--prompt (as llama.cpp and mlx-lm take it), exactly once."""
+    if args.prompt is not None and args.prompt_flag is not None:
+        raise UsageError("argument -p/--prompt: the prompt is given twice, as PROMPT and with -p; give one")
+    if args.prompt is None and args.prompt_flag is None:
+        raise UsageError("argument PROMPT: no prompt; give the text to continue (or -p TEXT, or - for stdin)")
+    return read_prompt(args.prompt if args.prompt is not None else args.prompt_flag)
 
 
 def read_prompt(prompt: str) -> str:

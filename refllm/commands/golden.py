@@ -23,13 +23,31 @@ from refllm.testing.golden import (
 from refllm.testing.tolerances import PROFILES, get_profile
 
 
+DUMP_EXAMPLE = "refllm golden dump -m smollm2-135m --prompts prompts.txt --out smollm2.safetensors"
+CHECK_EXAMPLE = "refllm golden check smollm2.safetensors"
+
+
 def add_cli(subparsers: argparse._SubParsersAction) -> None:
     """Register ``golden dump`` and ``golden check`` on a ``refllm``-style subparsers object."""
-    golden = subparsers.add_parser("golden", help="write or check golden files of reference outputs")
+    golden = subparsers.add_parser(
+        "golden",
+        help="write or check golden files of reference outputs",
+        description="Golden files (docs/golden-format.md): `dump` runs refllm's reference on prompts and\n"
+        "writes its greedy tokens and logits; `check` compares a backend with such a file.",
+        epilog=f"examples:\n  {DUMP_EXAMPLE}\n  {CHECK_EXAMPLE}\nRun 'refllm golden ACTION --help' for its flags.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = golden.add_subparsers(dest="golden_command", required=True, metavar="ACTION")
 
-    dump_parser = commands.add_parser("dump", help="run the reference on prompts and write a golden file")
-    dump_parser.add_argument("--model", required=True, help="catalog name or Hugging Face directory")
+    dump_parser = commands.add_parser(
+        "dump",
+        help="run the reference on prompts and write a golden file",
+        description="Run refllm's reference on each prompt (greedy) and write a golden file: the tokens, the\n"
+        "top candidates at every position and the full logits of the first few.",
+        epilog=f"examples:\n  {DUMP_EXAMPLE}\n  {DUMP_EXAMPLE.replace('.safetensors', '-f64.safetensors')} --dtype float64",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    dump_parser.add_argument("-m", "--model", required=True, help="catalog name or Hugging Face directory")
     dump_parser.add_argument("--prompts", required=True, help="one prompt per line: text, or a JSON array of token ids")
     dump_parser.add_argument("--out", required=True, help="the golden file to write (.safetensors)")
     dump_parser.add_argument("--new-tokens", type=int, default=32, help="greedy tokens per prompt (default 32)")
@@ -49,11 +67,18 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     )
     dump_parser.set_defaults(handler=cmd_dump)
 
-    check_parser = commands.add_parser("check", help="compare a backend with a golden file; non-zero exit on failure")
+    check_parser = commands.add_parser(
+        "check",
+        help="compare a backend with a golden file; non-zero exit on failure",
+        description="Run a backend (refllm's own by default, or module:factory) on a golden file's prompts and\n"
+        "compare it within the file's tolerance profile; exit status 1 if any prompt fails.",
+        epilog=f"examples:\n  {CHECK_EXAMPLE}\n  {CHECK_EXAMPLE} --backend mypackage.backend:build",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     check_parser.add_argument("golden", help="the golden file")
     check_parser.add_argument("--backend", default=DEFAULT_BACKEND, help=f"module:factory (default {DEFAULT_BACKEND})")
     check_parser.add_argument(
-        "--model", help="the weights to build the backend from (default: the golden file's model)"
+        "-m", "--model", help="the weights to build the backend from (default: the golden file's model)"
     )
     check_parser.add_argument(
         "--profile", choices=sorted(PROFILES), help="override the golden file's tolerance profile"

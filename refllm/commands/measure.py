@@ -22,7 +22,6 @@ from refllm.memory import available_memory, weight_bytes
 from refllm.models.contract import ModelSource
 from refllm.models.decoder import cache_shape_for
 from refllm.moe_parameters import GroupedExperts
-from refllm.quant.linear import QuantizedTensor
 from refllm.runtime.llm import LLM
 
 # ---- info --------------------------------------------------------------------------------------------
@@ -37,10 +36,21 @@ def cmd_info(args: argparse.Namespace) -> int:
     kv_per_token = cache_shape_for(c).bytes_per_token
     block_size = CacheConfig().block_size
     kv = blocks_for(context, block_size) * block_size * kv_per_token
-    weights = weight_bytes(source, quantized=False)
+    dequantized = weight_bytes(source, quantized=False)
+    stored = weight_bytes(source, quantized=True)  # what generate and chat load: the blocks a kernel reads kept
     available = available_memory()
     tokenizer = source.tokenizer
     file, tensor_types = _storage(source)
+    if stored < dequantized:
+        weights = f"{common.size(stored)} as stored, quantized (generate, chat); {common.size(dequantized)} dequantized"
+        weights += " to float32 (--dequantize, serve, perplexity, embed)"
+        memory = (
+            f"{common.size(stored + kv)} for a run: its quantized weights and the KV cache;"
+            f" {common.size(dequantized + kv)} with --dequantize"
+        )
+    else:
+        weights = f"{common.size(dequantized)} as float32"
+        memory = f"{common.size(dequantized + kv)} for a run: its float32 weights and the KV cache"
     rows = {
         "model": args.model,
         "architecture": f"{c.model_type}: {c.num_hidden_layers} layers, hidden size {c.hidden_size}",
@@ -53,15 +63,9 @@ def cmd_info(args: argparse.Namespace) -> int:
         "file": file,
         "tensors": tensor_types,
         "tokenizer": "none" if tokenizer is None else f"chat template: {'yes' if tokenizer.chat_template else 'no'}",
-        "weights": f"{common.size(weights)} as float32"
-        + (
-            f"; {common.size(weight_bytes(source, quantized=True))} quantized"
-            if isinstance(source, GGUFSource)
-            else ""
-        ),
+        "weights": weights,
         "KV cache": f"{common.size(kv_per_token)} per token; {common.size(kv)} for {context:,} tokens",
-        "memory": f"{common.size(weights + kv)} for float32 weights and the KV cache"
-        + ("" if available is None else f"; {common.size(available)} available"),
+        "memory": memory + ("" if available is None else f"; {common.size(available)} available"),
     }
     width = max(map(len, rows))
     for key, value in rows.items():
@@ -114,7 +118,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     model = common.load(
         args.model,
         text=False,
-        quantized=not args.float32,
+        quantized=not args.dequantize,
         context=prompt_len + new_tokens,
         context_flag="--prompt-tokens plus --new-tokens,",
     )
@@ -139,8 +143,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(f"vectors   {' '.join(vector_extensions()) or 'unknown'}")
     print(f"software  Python {platform.python_version()}, NumPy {np.__version__}, Numba {numba.__version__}")
     print(f"threads   {thread_settings()}")
-    quantized = any(isinstance(w, QuantizedTensor) for w in vars(model.weights.layers[0]).values())
-    weights = "quantized matrices" if quantized else "float32 weights"
+    weights = "quantized matrices" if common.has_quantized_weights(model) else "float32 weights"
     print(f"model     {args.model}: {c.model_type}, {c.num_parameters:,} parameters, {weights}")
     if first_token is not None:
         print(

@@ -11,7 +11,7 @@ import argparse
 
 from refllm import catalog
 from refllm.commands import common
-from refllm.commands.flags import MODEL_HELP, add_command
+from refllm.commands.flags import DeprecatedName, add_command, add_dequantize_flag, add_model_flag, catalog_name
 from refllm.runtime.sampling import SamplingParams
 
 
@@ -23,7 +23,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     rows = [("model", "size", "checksum", "chat", "path")]
     for name in names:
         path = catalog.model_path(name)
-        if args.fast:
+        if args.no_verify:
             state = "not checked"
         else:
             state = "ok" if catalog.verify(name) == catalog.VERIFIED else "MISMATCH: pull it again"
@@ -41,14 +41,24 @@ def cmd_rm(args: argparse.Namespace) -> int:
 
 
 def cmd_warmup(args: argparse.Namespace) -> int:
-    """Compile what generation needs (cached by Numba for every later process), then generate one token."""
-    model = common.load(args.model, quantized=not args.float32, text=False)
-    engine = common.start_engine(model)
-    try:
-        engine.generate([[0, 0]], SamplingParams(max_tokens=2))  # the sampling and batched decode paths too
-    finally:
-        engine.close()
-    print(f"the kernels for {args.model} are compiled and cached; later runs start without the wait")
+    """Compile what generation needs (cached by Numba for every later process), then generate one token:
+    for a model with quantized blocks both ways it can run, from its blocks and dequantized (--dequantize, serve)."""
+    ways = (False,) if args.dequantize else (True, False)
+    warmed = []
+    for quantized in ways:
+        model = common.load(args.model, quantized=quantized, text=False)
+        if quantized and not common.has_quantized_weights(model):
+            continue  # nothing kept in blocks (a Hugging Face directory): the dequantized run is the same
+        engine = common.start_engine(model)
+        try:
+            engine.generate([[0, 0]], SamplingParams(max_tokens=2))  # the sampling and batched decode paths too
+        finally:
+            engine.close()
+        warmed.append("its quantized blocks (generate, chat)" if quantized else "dequantized (--dequantize, serve)")
+    print(
+        f"the kernels for {args.model} are compiled and cached, {' and '.join(warmed)}; --spec-ops and"
+        " --dtype float64 need none, and a model with other quantized formats needs its own warm-up"
+    )
     return 0
 
 
@@ -65,7 +75,8 @@ def add_cli(commands: argparse._SubParsersAction) -> None:
         "chats, and its path.",
         "refllm list",
     )
-    listing.add_argument("--fast", action="store_true", help="skip the checksums")
+    listing.add_argument("--no-verify", action="store_true", help="skip the checksums")
+    listing.add_argument("--fast", dest="no_verify", action=DeprecatedName, new_name="--no-verify")
     remove = add_command(
         commands,
         "rm",
@@ -74,17 +85,18 @@ def add_cli(commands: argparse._SubParsersAction) -> None:
         "Delete a pulled catalog model's folder.",
         "refllm rm gemma3-270m",
     )
-    remove.add_argument(
-        "name", choices=sorted(catalog.CATALOG), metavar="NAME", help=f"one of {', '.join(catalog.CATALOG)}"
-    )
+    remove.add_argument("name", type=catalog_name, metavar="NAME", help=f"one of {', '.join(catalog.CATALOG)}")
     warmup = add_command(
         commands,
         "warmup",
         cmd_warmup,
         "compile the Numba kernels ahead of the first run",
-        "Load the model and run one short generation, so the Numba kernels it needs are compiled and\n"
-        "cached on disk; a later first `generate`, `chat` or `serve` then starts without that wait.",
+        "Load the model and run one short generation each way generate, chat and serve can run it\n"
+        "(from its quantized blocks, and dequantized), so the Numba kernels they need are compiled and\n"
+        "cached on disk; a later first run then starts on the kernels at once. (Without it, a first run\n"
+        "answers on the slower spec ops while they compile in the background.)",
         "refllm warmup",
+        "refllm warmup -m gemma3-270m",
     )
-    warmup.add_argument("--model", default=catalog.DEFAULT_MODEL, help=MODEL_HELP)
-    warmup.add_argument("--float32", action="store_true", help="warm the float32 spec path instead")
+    add_model_flag(warmup)
+    add_dequantize_flag(warmup, "warm only the dequantized run (as --dequantize and serve load the model)")

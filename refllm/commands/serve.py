@@ -10,7 +10,8 @@ from pathlib import Path
 
 from refllm import catalog
 from refllm.commands import common
-from refllm.commands.flags import add_precision_flags, port_number, positive_int, positive_number, precision
+from refllm.commands.warm_start import SWITCHED
+from refllm.commands.flags import add_model_flag, add_precision_flags, port_number, positive_int, positive_number, precision
 from refllm.errors import InvalidInputError
 from refllm.runtime.engine import Engine
 from refllm.runtime.executor import LLMExecutor
@@ -32,11 +33,7 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
         epilog="examples:\n  refllm serve\n  refllm serve --model gemma3-270m --port 8080 --max-batch 8",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--model",
-        default=catalog.DEFAULT_MODEL,
-        help=f"catalog name, .gguf file or Hugging Face directory (default {catalog.DEFAULT_MODEL})",
-    )
+    add_model_flag(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=port_number, default=8000, help="port to listen on (default 8000)")
     parser.add_argument(
@@ -48,7 +45,7 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
         metavar="N",
         help="most tokens of a request, prompt and answer (default: the model's)",
     )
-    add_precision_flags(parser, float32=False)
+    add_precision_flags(parser, dequantize=False)
     parser.add_argument(
         "--api-key",
         default=os.environ.get(API_KEY_VARIABLE),
@@ -80,7 +77,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         hosts = (*(hosts or ()), *args.allowed_host)
     limits = ServerLimits(max_body_bytes=int(args.max_body_mb * 1e6))
     model = common.load(args.model, context=args.context, **precision(args))
-    llm = common.warm_llm(model, args.context)
+    llm = common.warm_llm(model, args.context, name=args.model, on_switch=lambda: print(SWITCHED, file=sys.stderr))
     engine = Engine(LLMExecutor(llm), model.tokenizer, max_batch_size=args.max_batch)
     name = model_id(args.model)
     where = f"http://{args.host}:{args.port}/v1"

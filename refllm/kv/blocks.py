@@ -50,6 +50,21 @@ class BlockPool:
         """Cached and unreferenced blocks: kept for prefix reuse, counted as free."""
         return len(self._unreferenced_cached)
 
+    def cached_blocks(self) -> list[int]:
+        """The blocks the prefix cache knows by a key, held or not."""
+        return list(self._key_of_block)
+
+    def cached_prefix(self, token_ids: Sequence[int], block_size: int) -> list[int]:
+        """The cached blocks a prompt of ``token_ids`` would start on, without holding them."""
+        blocks: list[int] = []
+        keys: list[bytes] = []
+        for start in range(0, len(token_ids) - block_size + 1, block_size):
+            keys.append(_block_key(keys, token_ids[start : start + block_size]))
+            if keys[-1] not in self._block_of_key:
+                break
+            blocks.append(self._block_of_key[keys[-1]])
+        return blocks
+
     def take(self) -> int:
         """A block for one holder: from the free list, else evict the least recently released cached block."""
         if self._free:

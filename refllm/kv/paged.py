@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from refllm.kv.base import OWN_ATTENTION, CacheCapacityError, CacheConfig, CacheShape, KVCache, OwnAttention, blocks_for
-from refllm.kv.block_attention import BatchView, attend_blocks, load_kernels, write_blocks
+from refllm.kv.block_attention import BatchView, attend_blocks, write_blocks
 from refllm.kv.blocks import BlockPool
 from refllm.nn.attention import ImageSpans
 from refllm.nn.attention import attention as spec_attention
@@ -88,10 +88,10 @@ class PagedKVArena(KVCache):
         arena_shape = (shape.num_layers, self.num_blocks, self.block_size, shape.num_kv_heads)
         self.k = np.zeros((*arena_shape, shape.head_dim), shape.dtype)  # [L, N, Z, K, E]
         self.v = np.zeros((*arena_shape, shape.value_width), shape.dtype)
-        # the kernels read float32 keys and values of one width; latent attention's arena has no values
-        self._kernels_read = self.k.dtype == np.float32 and shape.value_width == shape.head_dim
-        if self._kernels_read:
-            load_kernels()  # imported with the first float32 arena: import refllm loads no Numba
+        # Writes, and attention without an ``attend``, in the Numba kernels (imported on first use), or in NumPy
+        # (nothing to compile) where False. The kernels read float32 keys and values of one width: latent
+        # attention's arena has no values. Either may be set between forward passes of a float32 arena.
+        self.use_kernels = self.k.dtype == np.float32 and shape.value_width == shape.head_dim
         self._pool = BlockPool(self.num_blocks)
         self.refcounts = self._pool.refcounts  # [N]: block tables holding each block
         self._init_bookkeeping()
@@ -114,6 +114,11 @@ class PagedKVArena(KVCache):
         self._prefix_hit_tokens = 0
         self._version = 0  # bumped by every change to tables or lengths; keys the batch-view memo
         self._batch_memo: tuple[tuple, BatchView] | None = None
+
+    @property
+    def pool(self) -> BlockPool:
+        """The blocks' states and the prefix cache's keys (read them; the arena changes them)."""
+        return self._pool
 
     # --- queries -------------------------------------------------------------------
 
@@ -218,7 +223,7 @@ class PagedKVArena(KVCache):
                 f" E={head_dim}; got {k.shape} and {v.shape}"
             )
         view = self._batch_view(seq_ids, k.shape[1])
-        write_blocks(self.k[layer], self.v[layer], view.slots, k, v, self._kernels_read)
+        write_blocks(self.k[layer], self.v[layer], view.slots, k, v, self.use_kernels)
 
     def attention(
         self,
@@ -246,7 +251,7 @@ class PagedKVArena(KVCache):
             raise ValueError(f"softcap must be positive, not {softcap}")
         view = self._batch_view(seq_ids, q.shape[1])
         if attend is OWN_ATTENTION:
-            attend = None if self._kernels_read else spec_attention  # None: attend_blocks runs the kernels
+            attend = None if self.use_kernels else spec_attention  # None: attend_blocks runs the kernels
         return attend_blocks(self.k[layer], self.v[layer], view, q, scale, window, softcap, attend, image_spans)
 
     def commit(self, seq_ids: Sequence[int], num_new: int) -> None:

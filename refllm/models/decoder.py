@@ -18,6 +18,7 @@ and each layer is the path its recipe names (``DecoderLayer``, ``ParallelDecoder
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Sequence
 from typing import Any
@@ -62,13 +63,18 @@ class DecoderModel:
         False for float32 and True for float64, whose only op set is the spec's.
         ops: an op set of one's own instead (a test's, with one operation changed)."""
         self.config = config
-        self.weights = weights
         self.tokenizer = tokenizer
         self.dtype = _check_dtype(dtype, weights)
         if ops is None:
             reference = self.dtype == np.float64 if reference is None else reference
             ops = _spec_ops_for(weights) if reference else _fast_ops_for(self.dtype)
+        self._build(ops, weights)
+
+    def _build(self, ops: OpSet, weights: ModelWeights) -> None:
+        """The blocks of the recipe, over ``weights`` through ``ops``: every choice made here, once."""
+        config = self.config
         self.ops: OpSet = ops
+        self.weights = weights
         self.layers = build_layers(config, weights, ops, self.dtype)
         self.final_norm = Norm(weights.norm, norm_function(config, ops))
         self.lm_head = functools.partial(
@@ -78,6 +84,13 @@ class DecoderModel:
             softcap=config.final_logit_softcapping,
             linear=ops.linear,
         )
+
+    def with_ops(self, ops: OpSet, weights: ModelWeights | None = None) -> DecoderModel:
+        """The same model on another op set (a recording one, the spec's), and optionally other weights of the
+        same shapes (dequantized copies): its blocks built anew; this model is left as it is."""
+        twin = copy.copy(self)  # the config, tokenizer and dtype shared
+        twin._build(ops, self.weights if weights is None else weights)
+        return twin
 
     @classmethod
     def load(

@@ -33,6 +33,7 @@ from refllm.models.connector import connector_block, load_connector
 from refllm.models.contract import ModelMetadata, ModelSource, VisionInfo
 from refllm.models.decoder import DecoderModel, dtype_name
 from refllm.models.image_spans import check_images, image_token_runs, spans_in_step
+from refllm.models.ops import OpSet
 from refllm.models.vision_tower import VisionTowerWeights, load_vision_tower, vision_tower
 from refllm.models.weights import ModelWeights, assemble
 
@@ -53,11 +54,16 @@ class VisionLanguageModel(DecoderModel):
     ):
         """The text model's arguments (``DecoderModel``), the tower's and connector's weights in the same
         dtype, and the checkpoint's image processor (``refllm.io.image_processing``), if it has one."""
-        super().__init__(config, weights, tokenizer, dtype, reference)
         self.multimodal = multimodal
         self.tower = tower
-        self.connector = connector_block(connector, multimodal, self.ops)  # the family's, chosen once
+        self.connector_tensors = connector
         self.image_processor = image_processor
+        super().__init__(config, weights, tokenizer, dtype, reference)
+
+    def _build(self, ops: OpSet, weights: ModelWeights) -> None:
+        """The text model's blocks, and the connector its family names (``with_ops`` builds them anew)."""
+        super()._build(ops, weights)
+        self.connector = connector_block(self.connector_tensors, self.multimodal, ops)
 
     @classmethod
     def load(

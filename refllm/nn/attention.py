@@ -75,6 +75,29 @@ def softmax_with_sink(scores: np.ndarray, sinks: np.ndarray) -> np.ndarray:
     return softmax(np.concatenate([scores, sink_column], axis=-1))[..., :-1]
 
 
+def attention_weights(
+    q: np.ndarray,
+    k: np.ndarray,
+    query_positions: np.ndarray,
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: np.ndarray | None = None,
+    image_spans: ImageSpans = (),
+) -> np.ndarray:
+    """q: [T, H, E], k: [S, K, E] (keys at positions 0..S-1), query_positions: [T] -> the softmax weights
+    [H, T, S] each query head puts on each key: the attention map ``refllm.tracing`` records."""
+    num_heads, num_kv_heads = q.shape[1], k.shape[1]
+    k = np.repeat(k, num_heads // num_kv_heads, axis=1)  # [S, H, E]: query head h reads KV head h // group
+    q_by_head = q.transpose(1, 0, 2)  # [H, T, E]
+    scores = (q_by_head @ k.transpose(1, 2, 0)) * scale  # [H, T, E] @ [H, E, S] -> [H, T, S]
+    if softcap is not None:
+        scores = soft_cap(scores, softcap)
+    allowed = attention_mask(query_positions, k.shape[0], window, image_spans)  # [T, S]
+    scores = np.where(allowed[None], scores, -np.inf)
+    return softmax(scores) if sinks is None else softmax_with_sink(scores, sinks)
+
+
 def attention(
     q: np.ndarray,
     k: np.ndarray,
@@ -90,18 +113,8 @@ def attention(
 
     sinks: [H] learned sink logits (``softmax_with_sink``), or None.
     image_spans: (start, end) runs of positions whose tokens see each other (``attention_mask``)."""
-    num_heads, num_kv_heads = q.shape[1], k.shape[1]
-    group = num_heads // num_kv_heads
-    k = np.repeat(k, group, axis=1)  # [S, H, E]: query head h reads KV head h // group
-    v = np.repeat(v, group, axis=1)
-
-    q_by_head = q.transpose(1, 0, 2)  # [H, T, E]
-    scores = (q_by_head @ k.transpose(1, 2, 0)) * scale  # [H, T, E] @ [H, E, S] -> [H, T, S]
-    if softcap is not None:
-        scores = soft_cap(scores, softcap)
-    allowed = attention_mask(query_positions, k.shape[0], window, image_spans)  # [T, S]
-    scores = np.where(allowed[None], scores, -np.inf)
-    weights = softmax(scores) if sinks is None else softmax_with_sink(scores, sinks)  # [H, T, S]
+    weights = attention_weights(q, k, query_positions, scale, window, softcap, sinks, image_spans)  # [H, T, S]
+    v = np.repeat(v, q.shape[1] // k.shape[1], axis=1)  # [S, H, E]
     out = weights @ v.transpose(1, 0, 2)  # [H, T, S] @ [H, S, E] -> [H, T, E]
     return out.transpose(1, 0, 2)  # [T, H, E]
 

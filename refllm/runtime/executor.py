@@ -111,6 +111,10 @@ class ModelExecutor(Protocol):
     def info(self) -> ModelInfo: ...
     def capabilities(self) -> ExecutorCapabilities: ...
     def status(self) -> ExecutorStatus: ...
+    def inspect(self, look: Callable[[LLM], T]) -> T:
+        """``look(llm)`` between two forward passes, under the executor's lock: to read the arena, say."""
+        return self._locked(lambda: look(self.llm))
+
     def release_cache(self, handle: KvCacheHandle) -> None: ...
     async def prefill(self, request: PrefillInput) -> PrefillOutput: ...
     async def decode(self, request: DecodeInput) -> DecodeOutput: ...
@@ -156,6 +160,10 @@ class LLMExecutor:
             c = self.llm.config
             state = "shutdown" if self._shut_down else "ready"
             return ExecutorStatus(state, len(self.llm.cache_ids()), c.blocks_free, c.num_blocks)
+
+    def inspect(self, look: Callable[[LLM], T]) -> T:
+        """``look(llm)`` between two forward passes, under the executor's lock: to read the arena, say."""
+        return self._locked(lambda: look(self.llm))
 
     def release_cache(self, handle: KvCacheHandle) -> None:
         """Free the handle's cache; a stale handle will do (releasing needs no position)."""

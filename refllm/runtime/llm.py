@@ -18,6 +18,9 @@ The model is any ``GenerativeModel`` (``refllm/models/contract.py``) whose
 is applied once to the B stacked rows, and only attention runs per sequence,
 inside the arena's kernel, over that sequence's own blocks.
 
+A new prompt runs PREFILL_CHUNK tokens per forward pass, and ``prefill_progress``,
+if set, hears how far it is after each (the command line draws a bar from it).
+
 Prefix caching: ``prefill`` on a new cache id starts it on the arena's cached
 blocks of the same prompt prefix (``match_prefix``) and computes only the
 rest; every token fed afterwards is registered with the arena, so generated
@@ -53,6 +56,8 @@ from refllm.runtime.image_prompts import checked_images, chunk_ends, image_runs,
 
 # A warm-up prompt long enough for the fast op set's prompt-sized products (kernels/gemm.py: 16 tokens and up)
 WARM_UP_PROMPT = 24
+# A new prompt's forward passes take at most this many tokens at a time, and report progress after each
+PREFILL_CHUNK = 256
 
 @dataclass(frozen=True)
 class LLMConfig:
@@ -101,6 +106,8 @@ class LLM:
         )
         self._seq_ids: dict[Hashable, int] = {}  # cache id -> arena sequence id
         self._new_seq_id = itertools.count()
+        # (tokens computed, tokens to compute) before and after each chunk of a new prompt: a progress bar
+        self.prefill_progress: Callable[[int, int], None] | None = None
 
     # --- queries ------------------------------------------------------------------------
 
@@ -141,7 +148,8 @@ class LLM:
         images: a vision-language model's pixel batches, one per image in ``tokens``
         (``GenerativeModel.embed_multimodal``); each image's runs lie whole in ``tokens``.
         chunk_tokens: run the prompt in steps of at most this many tokens, none ending
-        inside an image (``image_prompts.chunk_ends``); None: one step.
+        inside an image (``image_prompts.chunk_ends``); None: PREFILL_CHUNK for a new
+        sequence (``prefill_progress`` hears of each), one step for a live one.
         """
         tokens = check_prompt(tokens, self.config.vocab_size)
         cache_id = check_cache_id(cache_id)
@@ -259,7 +267,8 @@ class LLM:
         cached = self.arena.match_prefix(seq_id, key_ids)
         try:
             self.arena.reserve([seq_id], len(key_ids) - cached)
-            hidden = self._forward(seq_id, x[:, cached:], cached, runs, chunk_tokens)
+            chunks = chunk_tokens or PREFILL_CHUNK
+            hidden = self._forward(seq_id, x[:, cached:], cached, runs, chunks, self.prefill_progress)
         except BaseException:
             self.arena.free(seq_id)
             raise
@@ -284,14 +293,20 @@ class LLM:
                 self.arena.truncate(seq_id, length)  # also forgets the token ids registered above
             raise
 
-    def _forward(self, seq_id: int, x: np.ndarray, start: int, runs: list, chunk_tokens: int | None) -> np.ndarray:
+    def _forward(
+        self, seq_id: int, x: np.ndarray, start: int, runs: list, chunk_tokens: int | None, report=None
+    ) -> np.ndarray:
         """x: [1, T, D] at positions start .. start + T - 1 of one sequence, in chunks no image run straddles
         -> hidden [1, T, D]. runs: the image runs (absolute positions), passed to the model only when there are
-        some (so a model without images needs no image_spans)."""
+        some (so a model without images needs no image_spans). report(done, T), if given, before and after each."""
         ends = chunk_ends(start, start + x.shape[1], chunk_tokens or x.shape[1], runs)
         spans = {"image_spans": [runs]} if runs else {}
         hidden, position = [], start
+        if report is not None:
+            report(0, x.shape[1])
         for end in ends:
             hidden.append(self.model.forward_step(x[:, position - start : end - start], self.arena, [seq_id], **spans))
             position = end
+            if report is not None:
+                report(position - start, x.shape[1])
         return np.concatenate(hidden, axis=1)

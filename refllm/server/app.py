@@ -33,16 +33,17 @@ from refllm.runtime.executor import LLMExecutor
 from refllm.runtime.llm import LLM
 from refllm.runtime.sampling import SamplingParams
 from refllm.server import errors, protocol
+from refllm.server.access_log import AccessLog
 from refllm.server.embeddings import Embedder, encode
 from refllm.server.generation import EventStream, Generation, events, unless_disconnected
 from refllm.server.guard import AccessGuard
 from refllm.server.inputs import RequestInputs
+from refllm.server.inside import inside_view
 from refllm.server.limits import ServerLimits
+from refllm.server.page import page_routes
 from refllm.server.protocol import MAX_TOP_LOGPROBS, RequestError, TokenLogprob
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
-
-
 
 @dataclasses.dataclass
 class Choice:
@@ -147,7 +148,7 @@ class OpenAIServer:
         logprobs = protocol.integer(body, "logprobs", None, 0, MAX_TOP_LOGPROBS)
         params = self._params(body, protocol.integer(body, "max_tokens", 16, 1), logprobs)
         stream, include_usage = self._stream_flags(body)
-        generation = Generation(self.engine, prompts, params, "prompt")
+        generation = request.state.generation = Generation(self.engine, prompts, params, "prompt")
         meta = self._meta("cmpl", "text_completion")
         if stream:
             offsets = [0] * generation.num_choices  # where each choice's next token starts in its text
@@ -198,7 +199,7 @@ class OpenAIServer:
         max_tokens = max_tokens or protocol.integer(body, "max_tokens", max(room, 1), 1)  # default: all there is
         params = self._params(body, max_tokens, logprobs)
         stream, include_usage = self._stream_flags(body)
-        generation = Generation(self.engine, [prompt], params, "messages", images)
+        generation = request.state.generation = Generation(self.engine, [prompt], params, "messages", images)
         if stream:
             meta = self._meta("chatcmpl", "chat.completion.chunk")
             chunk = functools.partial(self._chat_chunk, logprobs=logprobs)
@@ -266,6 +267,10 @@ class OpenAIServer:
         tokens = sum(len(ids) for ids in inputs)
         usage = {"prompt_tokens": tokens, "total_tokens": tokens}
         return JSONResponse({"object": "list", "data": data, "model": self.model_name, "usage": usage})
+
+    async def inside(self, request: Request) -> JSONResponse:
+        """The web page's panel: inside the model as it wrote an answer (``refllm/server/inside.py``)."""
+        return JSONResponse(await inside_view(self, await self._read(request)))
 
     # --- shared ----------------------------------------------------------------------------------------
 
@@ -373,6 +378,8 @@ def create_app(
         Route("/v1/completions", server.completions, methods=["POST"]),
         Route("/v1/chat/completions", server.chat_completions, methods=["POST"]),
         Route("/v1/embeddings", server.embeddings, methods=["POST"]),
+        Route("/v1/inside", server.inside, methods=["POST"]),
+        *page_routes(),
     ]
     handlers = {
         RequestError: errors.request_error,
@@ -383,6 +390,7 @@ def create_app(
     guard = Middleware(AccessGuard, api_key=api_key, allowed_hosts=allowed_hosts, cors_origins=cors_origins)
     cors = [Middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
                        allow_headers=["Authorization", "Content-Type"])] if cors_origins else []  # fmt: skip
-    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=server.lifespan, middleware=[*cors, guard])
+    middleware = [Middleware(AccessLog), *cors, guard]
+    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=server.lifespan, middleware=middleware)
     app.state.limits = limits  # the connection limits are the server's: serve() and BackgroundServer read them here
     return app

@@ -135,6 +135,9 @@ class CloseAfterUnreadBody:
         await self.app(scope, reading, sending)
 
 
+QUERY_NOT_LOGGED = "?[query string not logged]"  # in place of a request's query string, in every log line
+
+
 class NoQueryStrings(logging.Filter):
     """Keeps query strings out of uvicorn's access log: one could carry a credential (``?api_key=...``)."""
 
@@ -142,7 +145,7 @@ class NoQueryStrings(logging.Filter):
         args = record.args
         if isinstance(args, tuple) and len(args) == 5 and isinstance(args[2], str) and "?" in args[2]:
             client, method, path, version, status = args
-            record.args = (client, method, path.partition("?")[0] + "?[query string not logged]", version, status)
+            record.args = (client, method, path.partition("?")[0] + QUERY_NOT_LOGGED, version, status)
         return True
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -52,6 +53,9 @@ class Generation:
         images: the pixel batches of a single prompt's images (a chat request's)."""
         self.prompt_tokens = sum(len(p) for p in prompts)
         self.completion_tokens = 0  # tokens sampled so far, a stop token included
+        self.started = time.perf_counter()
+        self.first_token_at: float | None = None  # when the first token came, and the last
+        self.last_token_at: float | None = None
         self.num_choices = len(prompts) * params.n
         self._n = params.n
         self._handles: list[RequestHandle] = []
@@ -76,8 +80,20 @@ class Generation:
             elif isinstance(item, Exception):
                 raise EngineFailure(f"the engine failed on this request: {item}") from item
             elif item.finish_reason not in ("cancelled", "error"):
-                self.completion_tokens += item.token_id is not None
+                if item.token_id is not None:
+                    self.completion_tokens += 1
+                    self.last_token_at = time.perf_counter()
+                    self.first_token_at = self.first_token_at or self.last_token_at
                 yield k * self._n + item.index, item
+
+    def stats_line(self) -> str:
+        """The request log's part: "prompt 37 tokens | generated 12 tokens, first after 0.25 s, 31.2 tokens/s"."""
+        line = f"prompt {self.prompt_tokens} tokens | generated {self.completion_tokens} tokens"
+        if self.first_token_at is None:
+            return line
+        later, seconds = self.completion_tokens - 1, self.last_token_at - self.first_token_at
+        rate = f", {later / seconds:.1f} tokens/s" if later > 0 and seconds > 0 else ""
+        return f"{line}, first after {self.first_token_at - self.started:.2f} s{rate}"
 
     def usage(self) -> dict[str, int]:
         total = self.prompt_tokens + self.completion_tokens

@@ -1,7 +1,8 @@
 """Who may use the server: an API key, the Host header, the Origin of a browser's request.
 
-- With an API key, every request but ``GET /health`` must carry ``Authorization: Bearer
-  <key>`` (as llama-server and OpenAI's clients do), or is answered 401.
+- With an API key, every request but ``GET /health`` and the web page (``/`` and its files,
+  which ask the user for the key) must carry ``Authorization: Bearer <key>`` (as llama-server
+  and OpenAI's clients do), or is answered 401.
 - The ``Host`` header must name one of ``allowed_hosts`` (the bind address and, on a
   loopback address, ``localhost``), so a web page whose DNS name is rebound to
   127.0.0.1 cannot reach the server through the victim's browser (403).
@@ -25,7 +26,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from refllm.server.protocol import RequestError
 
-OPEN_PATHS = ("/health",)
+OPEN_PATHS = ("/health", "/")  # and the web page's files: the page asks for the key, the API needs it
+PAGE_FILES = "/page/"
 
 
 def hosts_for(bind_address: str) -> tuple[str, ...] | None:
@@ -74,7 +76,8 @@ class AccessGuard:
         same_origin = origin is not None and urlsplit(origin).netloc.lower() == headers.get("host", "").lower()
         if origin is not None and origin not in self.cors_origins and not same_origin:
             return RequestError(f"requests from the origin {origin!r:.80} are not allowed", status=403)
-        if self.api_key is not None and scope["path"] not in OPEN_PATHS:
+        open_path = scope["path"] in OPEN_PATHS or scope["path"].startswith(PAGE_FILES)
+        if self.api_key is not None and not open_path:
             scheme, _, token = headers.get("authorization", "").partition(" ")
             if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
                 return RequestError("a valid API key is needed: Authorization: Bearer <key>", status=401,

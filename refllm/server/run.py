@@ -38,7 +38,8 @@ def serve(
         allowed_hosts=hosts_for(host) if allowed_hosts is None else allowed_hosts,
         cors_origins=cors_origins,
     )
-    GuardedServer(server_config(app, host, port, log_level="info")).run()
+    # the app writes each request's line when its answer is sent (refllm/server/access_log.py), not uvicorn
+    GuardedServer(server_config(app, host, port, log_level="info", access_log=False)).run()
 
 
 class BackgroundServer:

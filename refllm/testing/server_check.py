@@ -26,11 +26,17 @@ default ``--model``), and tokens are compared as the text each id decodes to.
 from __future__ import annotations
 
 import argparse
+import json
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
+from refllm import catalog
+from refllm.errors import InvalidInputError
 from refllm.testing.checkpoint import Checkpoint
 from refllm.testing.factories import refllm_contiguous
 from refllm.testing.golden import read_prompts
@@ -46,6 +52,29 @@ from refllm.testing.server_answers import (
 from refllm.testing.tolerances import PROFILES, Tolerance, get_profile
 
 DEFAULT_PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,")
+
+
+def server_models(url: str, timeout: float = 10.0) -> list[str] | None:
+    """The model ids ``url``/models lists, or None where the server lists none (the run then checks its answers
+    all the same). A server that cannot be reached, or a URL that is no OpenAI API for want of /v1, is refused
+    in one sentence, before anything loads."""
+    url = url.rstrip("/")
+    try:
+        with urllib.request.urlopen(f"{url}/models", timeout=timeout) as response:
+            return [str(model["id"]) for model in json.loads(response.read(1 << 20))["data"]]
+    except urllib.error.HTTPError as error:
+        if error.code == 404 and not url.endswith("/v1"):
+            raise ServerRefusedError(
+                f"{url}/models answered HTTP 404; is this an OpenAI API: its base URL usually ends in /v1"
+                f" (try {url}/v1)?"
+            ) from None
+        return None
+    except urllib.error.URLError as error:
+        if isinstance(error.reason, TimeoutError):
+            return None  # a slow server: the run's own deadlines judge it
+        raise ServerRefusedError(f"cannot reach {url}: {error.reason}; is the server running there?") from None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -224,8 +253,11 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "check",
         help="check an OpenAI-compatible server against refllm's reference",
-        description=__doc__.split("\n\n")[0]
-        + "\n\nexample: refllm check --server http://127.0.0.1:8000/v1 --model smollm2-135m",
+        description="Check an OpenAI-compatible server against refllm: for a few prompts, its greedy tokens and\n"
+        "top log-probabilities beside those of refllm's float32 spec over the same weights. The server\n"
+        "is asked for its models first, so a wrong URL or model name is said before anything loads.",
+        epilog="examples:\n  refllm check --server http://127.0.0.1:8000/v1 --model smollm2-135m\n"
+        "  refllm check --server http://127.0.0.1:8080/v1 --model local --reference ./SmolLM2.Q8_0.gguf",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--server", required=True, help="the server's base URL, ending in /v1")
@@ -245,7 +277,19 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    checkpoint = Checkpoint.open(args.reference or args.model)
+    served = server_models(args.server, min(args.timeout, 10.0))  # a dead port, no /v1, a model it lacks: first
+    if served is not None and args.model not in served:
+        raise InvalidInputError(
+            f"{args.server} serves {', '.join(served) or 'no model'}, not {args.model}; --model names the server's"
+            " model (and --reference the same weights for refllm, where its name is not theirs)"
+        )
+    reference = args.reference or args.model
+    if not (reference in catalog.CATALOG or Path(reference).expanduser().exists()):
+        raise InvalidInputError(
+            f"refllm has no model {reference} to check {args.server} against: name the same weights with"
+            " --reference (a catalog name, .gguf file or Hugging Face directory)"
+        )
+    checkpoint = Checkpoint.open(reference)
     if args.prompts:
         prompts = [p.token_ids for p in read_prompts(args.prompts, checkpoint.tokenizer)]
     else:
