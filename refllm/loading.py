@@ -6,7 +6,7 @@ from pathlib import Path
 
 from refllm.errors import InvalidInputError
 from refllm.models.contract import ModelSource
-from refllm.models.llama import LlamaFamilyModel, ModelDtypeError, dtype_name
+from refllm.models.decoder import DecoderModel, ModelDtypeError, dtype_name
 from refllm.models.multimodal import VisionLanguageModel
 
 
@@ -37,7 +37,7 @@ def load_model(
     quantize: str | None = None,
     dtype: str = "float32",
     reference: bool | None = None,
-) -> LlamaFamilyModel:
+) -> DecoderModel:
     """Load a model from a catalog name (pulled on first use), a .gguf file or a Hugging Face directory.
 
     dtype: "float32" (the default), or "float64": ground truth, every step in float64 (GGUF blocks
@@ -72,9 +72,9 @@ def load_model(
     return build_model(source, dtype, reference)
 
 
-def build_model(source: ModelSource, dtype: str = "float32", reference: bool | None = None) -> LlamaFamilyModel:
+def build_model(source: ModelSource, dtype: str = "float32", reference: bool | None = None) -> DecoderModel:
     """The model a source describes: a VisionLanguageModel when it has an image half, else the text model."""
     multimodal = getattr(source, "multimodal", None)
     if multimodal is not None:
         return VisionLanguageModel.load(source, multimodal, dtype, reference)
-    return LlamaFamilyModel.load(source, dtype=dtype, reference=reference)
+    return DecoderModel.load(source, dtype=dtype, reference=reference)
