@@ -49,7 +49,7 @@ from refllm.cluster.perplexity import perplexity_on_ray
 from refllm.config import ModelConfig
 from refllm.loading import open_source
 from refllm.machine import cpu_name, thread_settings
-from refllm.models.llama import LlamaFamilyModel
+from refllm.models.decoder import DecoderModel
 from refllm.models.random import random_tensors
 from refllm.runtime.perplexity import perplexity
 from refllm.testing.checkpoint import Checkpoint
@@ -75,7 +75,7 @@ def model_and_corpus(name: str, tokens: int, folder: Path) -> tuple[str, np.ndar
 
 def single_perplexity(model: str, ids: np.ndarray, window: int) -> float:
     path = catalog.model_path(model) if model in catalog.CATALOG else model
-    loaded = LlamaFamilyModel.load(open_source(path, quantized=False, dtype="float32"), "float32")
+    loaded = DecoderModel.load(open_source(path, quantized=False, dtype="float32"), "float32")
     return perplexity(loaded, ids.tolist(), window, window)[0]
 
 

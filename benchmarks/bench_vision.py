@@ -19,7 +19,7 @@ import os
 import numpy as np
 from machine import median_seconds  # benchmarks/machine.py
 
-from refllm.architectures.vision import VisionConfig
+from refllm.families.vision import VisionConfig
 from refllm.machine import cpu_name, thread_settings, vector_extensions
 from refllm.models.ops import SPEC_OPS, fast_ops
 from refllm.models.vision_tower import load_vision_tower, vision_tower

@@ -27,7 +27,7 @@ from dataclasses import replace
 import numpy as np
 
 from refllm.kv.base import CacheConfig
-from refllm.models.llama import LlamaFamilyModel
+from refllm.models.decoder import DecoderModel
 from refllm.models.ops import SPEC_OPS
 from refllm.nn.attention import attention
 from refllm.nn.linear import linear
@@ -55,8 +55,8 @@ def rounded_ops(round_to):
     def rounded_linear(x, weight, bias=None):
         return linear(round_to(x), round_to(weight), bias)
 
-    def rounded_attention(q, k, v, *args):
-        return attention(round_to(q), round_to(k), round_to(v), *args)
+    def rounded_attention(q, k, v, *args, **options):
+        return attention(round_to(q), round_to(k), round_to(v), *args, **options)
 
     return replace(SPEC_OPS, name="rounded", linear=rounded_linear, attention=rounded_attention)
 
@@ -103,13 +103,12 @@ def arithmetics(checkpoint: Checkpoint) -> dict:
         return all_logits
 
     def rounded(round_to):
-        model = LlamaFamilyModel.load(checkpoint, reference=True)
-        model.ops = rounded_ops(round_to)
+        model = DecoderModel.load(checkpoint, ops=rounded_ops(round_to))
         return run(model, CacheConfig(kind="contiguous"))
 
     return {
         "float32 spec": run(checkpoint.reference(), CacheConfig(kind="contiguous")),
-        "float32 fast paged": run(LlamaFamilyModel.load(checkpoint), CacheConfig(kind="paged", block_size=4)),
+        "float32 fast paged": run(DecoderModel.load(checkpoint), CacheConfig(kind="paged", block_size=4)),
         "float16": rounded(float16_round),
         "bfloat16": rounded(bfloat16_round),
         "int8": run(quantized_checkpoint(checkpoint, 8).reference(), CacheConfig(kind="contiguous")),

@@ -4,7 +4,7 @@ from refllm.config import ModelConfig
 from refllm.kv import CacheConfig
 from refllm.loading import load_model
 from refllm.models.contract import GenerativeModel, InMemorySource, ModelMetadata, ModelSource
-from refllm.models.llama import LlamaFamilyModel
+from refllm.models.decoder import DecoderModel
 from refllm.runtime.llm import LLM
 
 __version__ = "0.1.0"
@@ -14,7 +14,7 @@ __all__ = [
     "GenerativeModel",
     "InMemorySource",
     "LLM",
-    "LlamaFamilyModel",
+    "DecoderModel",
     "ModelConfig",
     "ModelMetadata",
     "ModelSource",

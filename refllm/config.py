@@ -1,12 +1,18 @@
-"""ModelConfig: one dataclass for every supported architecture.
+"""ModelConfig: what a model is, in typed parts, each the setting of one kind of block.
 
-Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2, Gemma 3, SmolLM3, OLMo 2, DeepSeek-V3 and
-the mixture-of-experts families (Mixtral, Qwen3-MoE, gpt-oss) differ only by the flags
-below; the forward pass in ``refllm/models/llama.py`` reads them, it never asks which
-architecture it is running.
+    sizes       vocabulary, hidden size, layers, context, tied embeddings, special tokens
+    norms       where the norms sit and which they are                    (refllm/recipe.py)
+    attention   grouped-query or latent attention, with its options       (refllm/recipe.py)
+    mlp         the dense MLP                                              (refllm/recipe.py)
+    experts     the sparse layers' mixture of experts, or None            (refllm/moe_parameters.py)
+    rope        RoPE per layer type, which layers slide or skip RoPE      (refllm/rope_parameters.py)
+    multipliers the embedding scale, a residual scale, the logits' scale and soft-cap
+
+Together the parts are a family's recipe; the forward pass builds its blocks from
+them once, at load (``refllm/models/blocks.py``).
 
 ``ModelConfig.from_hf(config_json)`` reads a Hugging Face ``config.json`` through
-the reader of its family (``refllm/architectures/``), in both spellings found in
+the reader of its family (``refllm/families/``), in both spellings found in
 the wild: the long-standing keys (``rope_theta``, ``rope_scaling``,
 ``rope_local_base_freq``, ``sliding_window_pattern``) and the transformers 5 keys
 (``rope_parameters``, per layer type for Gemma 3, and ``layer_types``). Unknown
@@ -18,20 +24,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from refllm.architectures import READERS, SUPPORTED_ARCHITECTURES
-from refllm.architectures.deepseek import GroupedExperts, LatentAttention
-from refllm.architectures.keys import HFKeys
-from refllm.config_checks import MAX_LAYERS, check_fields, check_layer_types, check_layers
+from refllm.config_checks import MAX_LAYERS, check_fields, check_layer_indices, check_layer_types, check_layers
 from refllm.errors import ConfigError
-from refllm.moe_parameters import MoeParameters
+from refllm.families import MODEL_TYPES, parameter_count
+from refllm.families.keys import HFKeys
+from refllm.moe_parameters import GroupedExperts, MoeParameters
+from refllm.recipe import ACTIVATIONS, GatedMLP, GroupedQueryAttention, LatentAttention, Norms, QKNorm
 from refllm.rope_parameters import FULL_ATTENTION, LAYER_TYPES, ROPE_TYPES, SLIDING_ATTENTION, RopeParameters
 
 __all__ = [
-    "ACTIVATIONS", "FULL_ATTENTION", "ROPE_TYPES", "SLIDING_ATTENTION", "SUPPORTED_ARCHITECTURES",
+    "ACTIVATIONS", "FULL_ATTENTION", "ROPE_TYPES", "SLIDING_ATTENTION", "SUPPORTED_MODEL_TYPES",
     "ConfigError", "ModelConfig", "RopeParameters", "UnsupportedArchitectureError",
 ]
 
-ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
+SUPPORTED_MODEL_TYPES = tuple(MODEL_TYPES)  # config.json's model_type (GGUF architectures: refllm/io/gguf.py)
 
 
 class UnsupportedArchitectureError(ConfigError):
@@ -49,65 +55,34 @@ class ModelConfig:
     model_type: str
     vocab_size: int  # V
     hidden_size: int  # D
-    intermediate_size: int  # F
     num_hidden_layers: int  # L
-    num_attention_heads: int  # H
-    num_key_value_heads: int  # K
-    head_dim: int  # E
     max_position_embeddings: int
-    rms_norm_eps: float = 1e-6
-    hidden_act: str = "silu"
-    tie_word_embeddings: bool = False
-    # Biases: q/k/v projections, the output projection, and the three MLP projections.
-    qkv_bias: bool = False
-    o_proj_bias: bool = False
-    mlp_bias: bool = False
-    # Per-head RMSNorm of queries and keys before RoPE (Qwen3, Gemma 3).
-    qk_norm: bool = False
-    # OLMo 2: the q/k RMSNorm spans the whole projection (H*E and K*E), not each head.
-    qk_norm_whole: bool = False
-    # Gemma stores RMSNorm weights as w - 1 and applies (1 + w).
-    norm_weight_offset: float = 0.0
-    # Gemma multiplies embeddings by sqrt(D); 1.0 elsewhere.
-    embedding_scale: float = 1.0
-    # Gemma's sandwich norms: a norm after attention and another pair around the MLP.
-    sandwich_norms: bool = False
-    # OLMo 2's post-norms: no norm before attention or the MLP, one after each (refllm/nn/residual.py).
-    post_norms: bool = False
-    # Phi-3 stores q/k/v as one qkv_proj and gate/up as one gate_up_proj.
-    fused_qkv: bool = False
-    fused_gate_up: bool = False
-    attention_scale: float | None = None  # defaults to E ** -0.5
-    attn_logit_softcapping: float | None = None
-    final_logit_softcapping: float | None = None
-    sliding_window: int | None = None
-    layer_types: tuple[str, ...] = ()
-    nope_layers: tuple[int, ...] = ()  # SmolLM3: layers whose queries and keys skip RoPE
+    attention: GroupedQueryAttention | LatentAttention
+    mlp: GatedMLP  # the dense layers' MLP
+    norms: Norms = Norms()
+    experts: MoeParameters | GroupedExperts | None = None  # the sparse layers'; None when every MLP is dense
+    layer_types: tuple[str, ...] = ()  # full_attention or sliding_attention, per layer
     rope: dict[str, RopeParameters] = field(default_factory=dict)  # keyed by layer type
+    sliding_window: int | None = None  # the window of the sliding_attention layers
+    nope_layers: tuple[int, ...] = ()  # SmolLM3: layers whose queries and keys skip RoPE
+    embedding_scale: float = 1.0  # Gemma: sqrt(D); Granite: embedding_multiplier
+    residual_scale: float | None = None  # Granite: each sublayer's output times residual_multiplier
+    logit_scale: float | None = None  # Cohere: logit_scale; Granite: 1 / logits_scaling
+    final_logit_softcapping: float | None = None  # Gemma: logits soft-capped
+    tie_word_embeddings: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
-    # gpt-oss: a learned per-head logit joins each attention softmax's denominator.
-    attention_sinks: bool = False
-    # Mixture of experts (Mixtral, Qwen3-MoE, gpt-oss): the sparse layers' routers and experts; None when dense.
-    moe: MoeParameters | None = None
-    # DeepSeek-V3: multi-head latent attention instead of q/k/v, grouped experts in place of some MLPs.
-    latent_attention: LatentAttention | None = None
-    grouped_experts: GroupedExperts | None = None
     # Layers a checkpoint holds past the last that plain decoding never runs (DeepSeek-V3's
     # multi-token-prediction module, num_nextn_predict_layers): their tensors are skipped.
     unused_layers: int = 0
 
     def __post_init__(self) -> None:
         check_fields(self)  # before anything is built per layer
-        if self.hidden_act not in ACTIVATIONS:
-            raise ConfigError(f"unsupported activation {self.hidden_act!r}; supported: {', '.join(ACTIVATIONS)}")
         if not self.layer_types:
             object.__setattr__(self, "layer_types", (FULL_ATTENTION,) * self.num_hidden_layers)
         check_layers(self, LAYER_TYPES)
-        if self.attention_scale is None:
-            object.__setattr__(self, "attention_scale", self.head_dim**-0.5)
-        if self.post_norms and self.sandwich_norms:
-            raise ConfigError("post_norms and sandwich_norms are two placements; a model has one")
+        if isinstance(self.experts, MoeParameters):
+            check_layer_indices(self.experts.mlp_only_layers, "mlp_only_layers", self.num_hidden_layers)
         for layer_type in set(self.layer_types):
             if layer_type not in self.rope:
                 raise ConfigError(f"no rope parameters for layer type {layer_type!r}")
@@ -132,43 +107,58 @@ class ModelConfig:
     def with_overrides(self, **changes: Any) -> ModelConfig:
         return replace(self, **changes)
 
-    @property
-    def experts(self) -> MoeParameters | GroupedExperts | None:
-        """The sparse layers' settings, ``moe`` or DeepSeek-V3's ``grouped_experts``; None when dense."""
-        return self.moe if self.moe is not None else self.grouped_experts
-
     def is_sparse(self, layer: int) -> bool:
         """Whether ``layer``'s MLP is a mixture of experts."""
         return self.experts is not None and self.experts.is_sparse(layer)
 
+    def describe(self) -> list[str]:
+        """The recipe in words, a part per line: norms, attention, MLP, experts, RoPE, multipliers."""
+        a, m, n = self.attention, self.mlp, self.norms
+        offset = ", (1 + w) weights" if n.weight_offset else ""
+        lines = [f"norms: {n.placement.value} {n.kind.value}, eps {n.eps:g}{offset}"]
+        if isinstance(a, LatentAttention):
+            query = "full-rank queries" if a.q_lora_rank is None else f"query rank {a.q_lora_rank}"
+            lines.append(
+                f"attention: latent, {a.num_heads} heads, KV rank {a.kv_lora_rank}, {query}, key dims"
+                f" {a.qk_nope_head_dim} + {a.qk_rope_head_dim} RoPE, value dims {a.v_head_dim}, scale {a.scale:.4g}"
+                + (", biases" if a.bias else "")
+            )
+        else:
+            options = [f"q/k norm {a.qk_norm.value}"] if a.qk_norm is not QKNorm.NONE else []
+            options += ["q/k/v bias"] * a.bias + ["output bias"] * a.output_bias + ["sinks"] * a.sinks
+            options += [f"soft-cap {a.softcap:g}"] if a.softcap else []
+            lines.append(
+                f"attention: grouped-query, {a.num_heads} query / {a.num_kv_heads} KV heads of {a.head_dim},"
+                f" scale {a.scale:.4g}" + "".join(f", {option}" for option in options)
+            )
+        lines.append(f"MLP: gated {m.activation}, {m.intermediate_size} wide" + (", biases" if m.bias else ""))
+        for layer_type, rope in sorted(self.rope.items()):
+            scaling = "" if rope.rope_type == "default" else f" ({rope.rope_type} x{rope.factor:g})"
+            partial = "" if rope.partial_rotary_factor == 1 else f", rotary {rope.partial_rotary_factor:g}"
+            label = f" ({layer_type} layers)" if len(self.rope) > 1 else ""
+            lines.append(f"RoPE{label}: theta {rope.theta:g}{scaling}{partial}")
+        if self.sliding_window is not None and SLIDING_ATTENTION in self.layer_types:
+            pattern = "".join("S" if t == SLIDING_ATTENTION else "F" for t in self.layer_types)
+            lines.append(f"sliding window: {self.sliding_window} (layers {pattern})")
+        if self.nope_layers:
+            lines.append(f"no RoPE on layers {', '.join(map(str, self.nope_layers))}")
+        scales = [("embeddings", self.embedding_scale if self.embedding_scale != 1 else None),
+                  ("each sublayer's output", self.residual_scale), ("logits", self.logit_scale)]  # fmt: skip
+        lines += [f"scale: {what} x {value:.4g}" for what, value in scales if value is not None]
+        if self.final_logit_softcapping:
+            lines.append(f"logits soft-capped at {self.final_logit_softcapping:g}")
+        return lines + (["tied embeddings"] if self.tie_word_embeddings else [])
+
     @property
     def num_parameters(self) -> int:
-        """Every weight, all experts included."""
-        return self._count_parameters(active=False)
+        """Every weight, all experts included: the sizes of the tensors a checkpoint holds."""
+        return parameter_count(self, active=False)
 
     @property
     def active_parameters(self) -> int:
         """The weights one token's forward pass reads: of each sparse layer, only its k chosen experts
         (DeepSeek-V3's shared experts, which every token runs, included)."""
-        return self._count_parameters(active=True)
-
-    def _count_parameters(self, active: bool) -> int:
-        D, F, V, E = self.hidden_size, self.intermediate_size, self.vocab_size, self.head_dim
-        H, K = self.num_attention_heads, self.num_key_value_heads
-        if self.latent_attention is None:
-            attention = D * H * E + 2 * D * K * E + H * E * D + (H if self.attention_sinks else 0)
-            attention += ((H + 2 * K) * E if self.qkv_bias else 0) + (D if self.o_proj_bias else 0)
-        else:
-            attention = self.latent_attention.num_parameters(D, H, self.qkv_bias)
-        dense_mlp = 3 * D * F + (2 * F + D if self.mlp_bias else 0)
-        qk_norms = (H + K) * E if self.qk_norm_whole else 2 * E
-        norms = (4 if self.sandwich_norms else 2) * D + (qk_norms if self.qk_norm else 0)
-        mlps = sum(
-            self.experts.mlp_parameters(D, active) if self.is_sparse(layer) else dense_mlp
-            for layer in range(self.num_hidden_layers)
-        )
-        head = 0 if self.tie_word_embeddings else V * D
-        return V * D + self.num_hidden_layers * (attention + norms) + mlps + D + head
+        return parameter_count(self, active=True)
 
     @classmethod
     def from_hf(cls, config: dict[str, Any]) -> ModelConfig:
@@ -176,16 +166,16 @@ class ModelConfig:
         if not isinstance(config, dict):
             raise ConfigError(f"config.json must hold a JSON object; got {type(config).__name__}")
         model_type = config.get("model_type")
-        if model_type not in SUPPORTED_ARCHITECTURES:
+        if model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedArchitectureError(
-                f"unsupported model_type {model_type!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+                f"unsupported model_type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
         try:
             keys = HFKeys(config)
             if keys.items("layer_types") is not None:  # even where the family derives its own
                 layers = keys.size("num_hidden_layers", high=MAX_LAYERS)
                 check_layer_types(keys.items("layer_types"), LAYER_TYPES, layers)
-            return cls(**READERS[model_type](keys))
+            return cls(**MODEL_TYPES[model_type].read(keys))
         except ConfigError:
             raise
         except (TypeError, ValueError, AttributeError, OverflowError, ZeroDivisionError) as error:

@@ -3,9 +3,10 @@
 A config.json or GGUF file is data from anywhere: a layer count of 2**28 would build
 per-layer tables of gigabytes, zero heads would divide by zero, a NaN scale would turn
 every logit into NaN. Each settings class declares what its fields may hold in a table
-of ``Bound``s (``MODEL_BOUNDS`` here, ``ROPE_BOUNDS`` in ``rope_parameters.py``,
-``MOE_BOUNDS`` in ``moe_parameters.py``) and checks it with ``check_bounds`` when it is
-made; the sources check the layer count (and the experts, ``models/expert_weights.py``)
+of ``Bound``s (``MODEL_BOUNDS`` here, ``NORMS_BOUNDS`` and the others of the recipe's parts
+in ``recipe.py``, ``ROPE_BOUNDS`` in ``rope_parameters.py``, ``MOE_BOUNDS`` in
+``moe_parameters.py``) and checks it with ``check_bounds`` when it is made; the sources
+check the layer count (and the experts, ``families.check_expert_count``)
 against the tensors they hold, so a refusal names the field and its value instead.
 """
 
@@ -116,21 +117,16 @@ def check_token_id(value: Any, name: str) -> int | None:
     return value
 
 
-# ModelConfig's numbers; the layer lists are checked by ``check_layers``, RoPE and experts by their own tables.
+# ModelConfig's own numbers; the layer lists are checked by ``check_layers``, the recipe's parts, RoPE and
+# experts by their own tables (``refllm/recipe.py``, ``rope_parameters.py``, ``moe_parameters.py``).
 MODEL_BOUNDS = {
     "vocab_size": SIZE,
     "hidden_size": SIZE,
-    "intermediate_size": SIZE,
-    "num_attention_heads": SIZE,
-    "num_key_value_heads": SIZE,
-    "head_dim": SIZE,
     "num_hidden_layers": Bound(int, 1, MAX_LAYERS),
     "max_position_embeddings": SIZE,
-    "rms_norm_eps": Bound(float, 0, 1, above=True),
-    "norm_weight_offset": FINITE,
     "embedding_scale": POSITIVE,
-    "attention_scale": OPTIONAL_POSITIVE,  # None: head_dim ** -0.5
-    "attn_logit_softcapping": OPTIONAL_POSITIVE,
+    "residual_scale": OPTIONAL_POSITIVE,
+    "logit_scale": OPTIONAL_POSITIVE,
     "final_logit_softcapping": OPTIONAL_POSITIVE,
     "sliding_window": Bound(int, 1, MAX_SIZE, optional=True),
     "unused_layers": Bound(int, 0, MAX_LAYERS),
@@ -138,13 +134,9 @@ MODEL_BOUNDS = {
 
 
 def check_fields(config: Any) -> None:
-    """Every number of a ModelConfig in its bound (``MODEL_BOUNDS``), its heads dividing evenly, its token ids valid."""
+    """Every number of a ModelConfig in its bound (``MODEL_BOUNDS``), its token ids valid (its parts check their
+    own when they are made: ``refllm/recipe.py``, ``moe_parameters.py``, ``rope_parameters.py``)."""
     check_bounds(config, MODEL_BOUNDS)
-    if config.num_attention_heads % config.num_key_value_heads:
-        raise ConfigError(
-            f"num_attention_heads ({config.num_attention_heads}) must be a multiple of "
-            f"num_key_value_heads ({config.num_key_value_heads})"
-        )
     check_token_id(config.bos_token_id, "bos_token_id")
     for token_id in config.eos_token_ids:
         check_token_id(token_id, "eos_token_id")
@@ -171,11 +163,10 @@ def check_layer_types(layer_types: tuple[Any, ...], known: tuple[str, ...], num_
 
 
 def check_layers(config: Any, known_types: tuple[str, ...]) -> None:
-    """The per-layer lists of a ModelConfig: one known type per layer, layer indices within range."""
+    """The per-layer lists of a ModelConfig: one known type per layer, layer indices within range (and the
+    dense layers of its experts', ``MoeParameters.check_layers``)."""
     check_layer_types(config.layer_types, known_types, config.num_hidden_layers)
     check_layer_indices(config.nope_layers, "nope_layers", config.num_hidden_layers)
-    if config.moe is not None:
-        check_layer_indices(config.moe.mlp_only_layers, "mlp_only_layers", config.num_hidden_layers)
 
 
 def check_layer_count(num_layers: int, tensor_names: Iterable[str], where: str, extra_layers: int = 0) -> None:

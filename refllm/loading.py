@@ -8,7 +8,7 @@ import numpy as np
 
 from refllm.errors import InvalidInputError
 from refllm.models.contract import ModelSource
-from refllm.models.llama import LlamaFamilyModel, ModelDtypeError, dtype_name
+from refllm.models.decoder import DecoderModel, ModelDtypeError, dtype_name
 from refllm.models.multimodal import VisionLanguageModel
 from refllm.quant.formats import ACTIVATIONS
 
@@ -41,7 +41,7 @@ def load_model(
     dtype: str = "float32",
     reference: bool | None = None,
     activations: str = "float32",
-) -> LlamaFamilyModel:
+) -> DecoderModel:
     """Load a model from a catalog name (pulled on first use), a .gguf file or a Hugging Face directory.
 
     dtype: "float32" (the default), or "float64": ground truth, every step in float64 (GGUF blocks
@@ -80,12 +80,12 @@ def load_model(
     return use_activations(build_model(source, dtype, reference), activations)
 
 
-def build_model(source: ModelSource, dtype: str = "float32", reference: bool | None = None) -> LlamaFamilyModel:
+def build_model(source: ModelSource, dtype: str = "float32", reference: bool | None = None) -> DecoderModel:
     """The model a source describes: a VisionLanguageModel when it has an image half, else the text model."""
     multimodal = getattr(source, "multimodal", None)
     if multimodal is not None:
         return VisionLanguageModel.load(source, multimodal, dtype, reference)
-    return LlamaFamilyModel.load(source, dtype=dtype, reference=reference)
+    return DecoderModel.load(source, dtype=dtype, reference=reference)
 
 
 def check_activations(activations: str, quantized: bool) -> None:
@@ -96,7 +96,7 @@ def check_activations(activations: str, quantized: bool) -> None:
         raise ModelDtypeError("int8 activations multiply quantized weights; the weights here are dequantized")
 
 
-def use_activations(model: LlamaFamilyModel, activations: str) -> LlamaFamilyModel:
+def use_activations(model: DecoderModel, activations: str) -> DecoderModel:
     """The quantized matrices of ``model``'s layers multiply activations as ``activations`` says -> the model.
 
     The LM head keeps float32 activations: its product is the logits themselves, and on SmolLM2-135M

@@ -8,8 +8,8 @@
     t.lens(12)                                  # [T, V]: layer 12's logit lens in full
     t.layers[1].experts                         # (expert ids [T, k], weights [T, k]) in a sparse layer
 
-``trace`` runs the model's own forward pass (``refllm/models``) with its op set
-replaced by a recording twin of the spec ops (``refllm/models/ops.py``): each
+``trace`` runs the model's own forward pass (``refllm/models``) built anew on a
+recording twin of the spec ops (``DecoderModel.with_ops``, ``refllm/models/ops.py``): each
 call is the ``refllm/nn`` function itself, and its output is kept. Attention
 runs on the contiguous cache with ``refllm.nn.attention.attention``, and its
 map is ``attention_weights`` of the same query and keys. A model whose
@@ -17,7 +17,7 @@ matrices stay in quantized blocks is traced through the spec of a quantized
 product: the blocks dequantized (``refllm.quant.formats``), then ``linear``.
 The model itself is untouched, so a served or fast model can be traced as it runs.
 
-An op is placed in a layer by the weight it reads (``layers.3.q_proj``); an op
+An op is placed in a layer by the weight it reads (``layers.3.attention.q_proj``); an op
 without weights (RoPE, attention, the MLP's gate) belongs to the layer of the
 op before it. A layer's ``residual`` is the residual stream entering it (what
 its first op reads), and the logit lens puts the residual stream after each
@@ -26,7 +26,6 @@ layer through the model's final norm and LM head.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
@@ -36,7 +35,6 @@ from typing import Any
 import numpy as np
 
 from refllm.kv import CacheConfig
-from refllm.models.moe_layer import route
 from refllm.models.ops import SPEC_OPS, OpSet
 from refllm.nn.attention import attention_weights
 from refllm.nn.latent_attention import expand_latent
@@ -101,30 +99,28 @@ class Trace:
 
 
 def trace(model: Any, token_ids: Sequence[int], *, keep_ops: bool = True) -> Trace:
-    """One forward pass of ``model`` (a ``LlamaFamilyModel``) over ``token_ids`` [T] through the recording
+    """One forward pass of ``model`` (a ``DecoderModel``) over ``token_ids`` [T] through the recording
     spec ops -> its Trace. ``keep_ops=False`` keeps only the per-layer summaries (residual stream,
     attention maps, routes), not every op's output: less memory for long prompts."""
     tokens = np.asarray(token_ids, dtype=np.int64)
     if tokens.ndim != 1 or len(tokens) == 0:
         raise ValueError(f"trace takes a non-empty list of token ids; got shape {tokens.shape}")
     recorder = _Recorder(_weight_names(model.weights), model.config.num_hidden_layers, keep_ops)
-    twin = copy.copy(model)  # the same weights and config, another op set
-    twin.ops = recorder.op_set()
+    twin = model.with_ops(recorder.op_set())  # the same weights and config, another op set
     cache = twin.create_kv_cache(CacheConfig(kind="contiguous"))
     hidden = twin.prefill_hidden(tokens[None], cache, range(len(tokens)))[0]  # [T, D], after the final norm
-    final_norm = recorder.final_norm
     logits = twin.logits(hidden)
-    plain = copy.copy(model)
-    plain.ops = dataclasses.replace(SPEC_OPS, linear=_dequantizing_linear)
+    plain = model.with_ops(dataclasses.replace(SPEC_OPS, linear=_dequantizing_linear))
 
     def to_logits(residual: np.ndarray) -> np.ndarray:
-        return plain.logits(SPEC_OPS.rms_norm(residual, *final_norm[1:]))
+        with plain.ops.running():
+            return plain.logits(plain.final_norm(residual))
 
     layers = recorder.layers
     for layer in layers:
         if layer.router_logits is not None:
-            layer.experts = _routes(model, layer.index, layer.router_logits)
-    return Trace(tokens, layers, final_norm[0], hidden, logits, recorder.ops, to_logits)
+            layer.experts = model.layers[layer.index].mlp.route(layer.router_logits)  # the layer's own routing
+    return Trace(tokens, layers, recorder.final_input, hidden, logits, recorder.ops, to_logits)
 
 
 def compare(a: Trace, b: Trace) -> list[tuple[OpRecord, float]]:
@@ -176,7 +172,7 @@ class _Recorder:
         self.ops: list[OpRecord] = []
         self.layers: list[LayerTrace] = []
         self.layer: int | str | None = None
-        self.final_norm: tuple | None = None  # (its input, then the arguments after it)
+        self.final_input: np.ndarray | None = None  # [T, D]: the final norm's input
 
     def op_set(self) -> OpSet:
         def recording(name: str, function: Callable, weight_arg: int | None = 1) -> Callable:
@@ -185,7 +181,7 @@ class _Recorder:
                 weight = self._weight_name(name, args[weight_arg]) if weight_arg is not None else None
                 self._enter(weight, args[0])
                 if weight == "norm":
-                    self.final_norm = (np.array(args[0][0]), *args[1:])
+                    self.final_input = np.array(args[0][0])
                 out = function(*args, **kwargs)
                 self._keep(OpRecord(name, weight, self.layer, out))
                 return out
@@ -196,6 +192,8 @@ class _Recorder:
             name="traced spec",
             embed=recording("embed", SPEC_OPS.embed),
             rms_norm=recording("rms_norm", SPEC_OPS.rms_norm),
+            layer_norm=recording("layer_norm", SPEC_OPS.layer_norm),
+            rope_angles=SPEC_OPS.rope_angles,
             apply_rope=recording("apply_rope", SPEC_OPS.apply_rope, None),
             linear=recording("linear", _dequantizing_linear),
             gated=recording("gated", SPEC_OPS.gated, None),
@@ -251,15 +249,3 @@ class _Recorder:
         self._keep(OpRecord("latent_attention", None, self.layer, out))
         return out
 
-
-def _routes(model: Any, layer: int, router_logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The experts a sparse layer's router picks for each token, by the model's own routing."""
-    c = model.config
-    grouped = c.grouped_experts
-    if grouped is None:
-        return route(router_logits, c.moe)
-    w = model.weights.layers[layer]
-    return model.route_experts(
-        router_logits, w.router_correction_bias, grouped.experts_per_token, grouped.num_groups,
-        grouped.groups_per_token, grouped.norm_topk_prob, grouped.routed_scaling_factor,
-    )  # fmt: skip

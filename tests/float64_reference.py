@@ -5,7 +5,8 @@ purpose differently: it reads the checkpoint's bytes itself, runs one token at a
 time, loops over heads and keys, rotates query/key pairs as complex numbers,
 and computes the RoPE frequencies anew from transformers' definitions. DeepSeek's
 latent attention decompresses every cached latent per head and rotates its
-interleaved RoPE pairs as they come; its router sorts Python lists. It
+interleaved RoPE pairs as they come, as do Cohere's q and k; DeepSeek's router
+sorts Python lists. It
 shares only the parsed ``ModelConfig`` (hyper-parameters, which the parity
 tests check against transformers).
 
@@ -24,6 +25,11 @@ from pathlib import Path
 import numpy as np
 
 from refllm.config import ModelConfig, RopeParameters
+from refllm.moe_parameters import GroupedExperts
+from refllm.recipe import LatentAttention, NormKind, NormPlacement, QKNorm
+
+# Model types whose checkpoints pair RoPE dims (2i, 2i + 1), as their transformers code rotates them
+INTERLEAVED_ROPE = ("cohere",)
 
 
 def reference_logits(directory: Path, token_ids: list[int], chunks: list[int]) -> np.ndarray:
@@ -78,66 +84,80 @@ def text_tensors(tensors: dict) -> dict:
 
 
 def _one_token(config: ModelConfig, w: dict, cache: list, token: int, position: int, seq_len: int) -> np.ndarray:
-    c = config
-    H, K, E = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    c, a = config, config.attention
+    placement = c.norms.placement
+    residual = 1.0 if c.residual_scale is None else c.residual_scale
     x = w["model.embed_tokens.weight"][token] * c.embedding_scale
     for layer in range(c.num_hidden_layers):
         p = f"model.layers.{layer}."
         # OLMo 2 feeds the raw residual stream to attention and the MLP; the others a normed copy.
-        h = x if c.post_norms else _norm(x, w[p + "input_layernorm.weight"], c)
-        if c.latent_attention is not None:
+        h = x if placement is NormPlacement.POST else _norm(x, w[p + "input_layernorm.weight"], c)
+        if isinstance(a, LatentAttention):
             attended = _latent_attend(w, p, h, c, c.rope_for_layer(layer), cache[layer][0], position, seq_len)
         else:
+            H, K, E = a.num_heads, a.num_kv_heads, a.head_dim
             q, k, v = _qkv(w, p, h, c)
-            if c.qk_norm_whole:  # one RMS over all heads' dims together
+            if a.qk_norm is QKNorm.WHOLE:  # one RMS over all heads' dims together
                 q = _norm(q, w[p + "self_attn.q_norm.weight"], c)
                 k = _norm(k, w[p + "self_attn.k_norm.weight"], c)
             q, k, v = q.reshape(H, E), k.reshape(K, E), v.reshape(K, E)
-            if c.qk_norm and not c.qk_norm_whole:
-                q = np.stack([_norm(row, w[p + "self_attn.q_norm.weight"], c) for row in q])
-                k = np.stack([_norm(row, w[p + "self_attn.k_norm.weight"], c) for row in k])
+            if a.qk_norm is QKNorm.PER_HEAD:  # a weight [E] all heads share, or (Cohere) a row of [H, E] per head
+                q_norm, k_norm = w[p + "self_attn.q_norm.weight"], w[p + "self_attn.k_norm.weight"]
+                q = np.stack([_norm(row, q_norm[i] if q_norm.ndim == 2 else q_norm, c) for i, row in enumerate(q)])
+                k = np.stack([_norm(row, k_norm[i] if k_norm.ndim == 2 else k_norm, c) for i, row in enumerate(k)])
             if layer not in c.nope_layers:  # a NoPE layer attends with unrotated queries and keys
                 rope = c.rope_for_layer(layer)
-                q, k = _rotate(q, rope, c, position, seq_len), _rotate(k, rope, c, position, seq_len)
+                rotate = _rotate_pairs if c.model_type in INTERLEAVED_ROPE else _rotate
+                q, k = rotate(q, rope, c, position, seq_len), rotate(k, rope, c, position, seq_len)
             keys, values = cache[layer]
             keys.append(k)
             values.append(v)
             window = c.window_for_layer(layer)
             attended = _attend(q, keys, values, position, window, c, w.get(p + "self_attn.sinks"))
-        a = w[p + "self_attn.o_proj.weight"] @ attended.reshape(-1) + w.get(p + "self_attn.o_proj.bias", 0.0)
-        if c.sandwich_norms or c.post_norms:
-            a = _norm(a, w[p + "post_attention_layernorm.weight"], c)
-        x = x + a
-        if c.post_norms:
+        out = w[p + "self_attn.o_proj.weight"] @ attended.reshape(-1) + w.get(p + "self_attn.o_proj.bias", 0.0)
+        if placement in (NormPlacement.SANDWICH, NormPlacement.POST):
+            out = _norm(out, w[p + "post_attention_layernorm.weight"], c)
+        if placement is NormPlacement.PARALLEL:  # Cohere: the MLP reads the normed x attention read
+            x = x + out + _mlp(w, p + "mlp.", h, c)
+            continue
+        x = x + out * residual  # Granite's residual_multiplier (1 elsewhere)
+        if placement is NormPlacement.POST:
             h = x
         else:
-            pre_mlp = "pre_feedforward_layernorm" if c.sandwich_norms else "post_attention_layernorm"
+            pre_mlp = "pre_feedforward_layernorm" if placement is NormPlacement.SANDWICH else "post_attention_layernorm"
             h = _norm(x, w[p + pre_mlp + ".weight"], c)
         if not c.is_sparse(layer):
             m = _mlp(w, p + "mlp.", h, c)
-        elif c.grouped_experts is not None:
+        elif isinstance(c.experts, GroupedExperts):
             m = _routed_experts(w, p + "mlp.", h, c)
         else:
             m = _experts(w, p, h, c)
-        if c.sandwich_norms or c.post_norms:
+        if placement in (NormPlacement.SANDWICH, NormPlacement.POST):
             m = _norm(m, w[p + "post_feedforward_layernorm.weight"], c)
-        x = x + m
+        x = x + m * residual
     x = _norm(x, w["model.norm.weight"], c)
     head = w["model.embed_tokens.weight"] if c.tie_word_embeddings else w["lm_head.weight"]
     logits = head @ x
+    if c.logit_scale is not None:  # Granite: 1 / logits_scaling
+        logits = logits * c.logit_scale
     if c.final_logit_softcapping:  # squash into (-cap, cap)
         logits = np.array([c.final_logit_softcapping * math.tanh(z / c.final_logit_softcapping) for z in logits])
     return logits
 
 
 def _norm(x: np.ndarray, weight: np.ndarray, c: ModelConfig, eps: float | None = None) -> np.ndarray:
+    """The model's norm: RMSNorm (eps given: latent attention's, always RMS), or Cohere's LayerNorm."""
+    if c.norms.kind is NormKind.LAYER and eps is None:
+        centred = x - sum(x) / x.size
+        return centred / math.sqrt(sum(centred * centred) / x.size + c.norms.eps) * weight
     rms = np.linalg.norm(x) / math.sqrt(x.size)
-    return x / math.sqrt(rms * rms + (c.rms_norm_eps if eps is None else eps)) * (c.norm_weight_offset + weight)
+    return x / math.sqrt(rms * rms + (c.norms.eps if eps is None else eps)) * (c.norms.weight_offset + weight)
 
 
 def _qkv(w: dict, p: str, h: np.ndarray, c: ModelConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    q_rows, kv_rows = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
-    if c.fused_qkv:
+    a = c.attention
+    q_rows, kv_rows = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+    if p + "self_attn.qkv_proj.weight" in w:  # Phi-3 stores [q | k | v] as one projection
         qkv = w[p + "self_attn.qkv_proj.weight"] @ h
         return qkv[:q_rows], qkv[q_rows : q_rows + kv_rows], qkv[q_rows + kv_rows :]
     return tuple(
@@ -148,7 +168,7 @@ def _qkv(w: dict, p: str, h: np.ndarray, c: ModelConfig) -> tuple[np.ndarray, np
 
 def _mlp(w: dict, p: str, h: np.ndarray, c: ModelConfig) -> np.ndarray:
     """The gated MLP whose tensors are named ``p`` + gate_proj..., p ending in "mlp." or an expert's prefix."""
-    if c.fused_gate_up:
+    if p + "gate_up_proj.weight" in w:  # Phi-3: [gate | up]
         gate_up = w[p + "gate_up_proj.weight"] @ h
         gate, up = np.split(gate_up, 2)
     else:
@@ -158,14 +178,14 @@ def _mlp(w: dict, p: str, h: np.ndarray, c: ModelConfig) -> np.ndarray:
 
 
 def _activate(gate: np.ndarray, c: ModelConfig) -> np.ndarray:
-    if c.hidden_act == "silu":
+    if c.mlp.activation == "silu":
         return gate / (1.0 + np.exp(-gate))
     return 0.5 * gate * (1.0 + np.tanh(math.sqrt(2 / math.pi) * (gate + 0.044715 * gate**3)))  # gelu_pytorch_tanh
 
 
 def _routed_experts(w: dict, p: str, h: np.ndarray, c: ModelConfig) -> np.ndarray:
     """DeepSeek's sparse MLP for one token, its routing spelled out with Python sorts."""
-    moe = c.grouped_experts
+    moe = c.experts
     scores = 1.0 / (1.0 + np.exp(-(w[p + "gate.weight"] @ h)))
     choice = scores + w[p + "gate.e_score_correction_bias"]
     size = moe.num_experts // moe.num_groups
@@ -186,8 +206,8 @@ def _latent_attend(
     """DeepSeek's latent attention for one token: [H, U]. ``latents`` keeps (normed kv, rotated key) per token,
     and every key and value is decompressed again, per head, from the checkpoint's kv_b_proj rows."""
     a = p + "self_attn."
-    mla = c.latent_attention
-    H, N, C = c.num_attention_heads, mla.qk_nope_head_dim, mla.kv_lora_rank
+    mla = c.attention
+    H, N, C = mla.num_heads, mla.qk_nope_head_dim, mla.kv_lora_rank
     if mla.q_lora_rank is None:
         q = w[a + "q_proj.weight"] @ h
     else:
@@ -216,7 +236,7 @@ def _latent_attend(
 
 def _experts(w: dict, p: str, h: np.ndarray, c: ModelConfig) -> np.ndarray:
     """One token through a sparse layer, read straight from the checkpoint's names (per expert, or gpt-oss fused)."""
-    moe = c.moe
+    moe = c.experts
     fused = p + "mlp.experts.gate_up_proj" in w
     if fused:  # gpt-oss: [X, D, 2M] with gate and up columns interleaved, [X, M, D] down, biases throughout
         scores = w[p + "mlp.router.weight"] @ h + w[p + "mlp.router.bias"]
@@ -258,14 +278,14 @@ def _attend(
     """q [H, E] over the keys of positions 0 .. position (within the window) -> [H, E].
 
     sinks: [H] logits that join each head's softmax denominator and weigh no value (gpt-oss)."""
-    group = c.num_attention_heads // c.num_key_value_heads
+    group = c.attention.num_heads // c.attention.num_kv_heads
     first = 0 if window is None else max(0, position - window + 1)
     out = np.zeros_like(q)
     for head in range(q.shape[0]):
         kv_head = head // group
-        scores = np.array([c.attention_scale * (q[head] @ keys[j][kv_head]) for j in range(first, position + 1)])
-        if c.attn_logit_softcapping:
-            scores = c.attn_logit_softcapping * np.tanh(scores / c.attn_logit_softcapping)
+        scores = np.array([c.attention.scale * (q[head] @ keys[j][kv_head]) for j in range(first, position + 1)])
+        if c.attention.softcap:
+            scores = c.attention.softcap * np.tanh(scores / c.attention.softcap)
         top = scores.max() if sinks is None else max(scores.max(), sinks[head])
         weights = np.exp(scores - top)
         weights /= weights.sum() + (0.0 if sinks is None else math.exp(sinks[head] - top))
@@ -276,7 +296,7 @@ def _attend(
 
 def _rotate(x: np.ndarray, rope: RopeParameters, c: ModelConfig, position: int, seq_len: int) -> np.ndarray:
     """Rotate dims (i, i + R/2) of each head [heads, E] by position * freq_i, as complex numbers."""
-    frequencies, attention_factor = _frequencies(rope, c.head_dim, c.max_position_embeddings, seq_len)
+    frequencies, attention_factor = _frequencies(rope, _rope_width(c), c.max_position_embeddings, seq_len)
     half = len(frequencies)
     pairs = x[:, :half] + 1j * x[:, half : 2 * half]
     turned = pairs * np.exp(1j * position * frequencies) * attention_factor
@@ -285,11 +305,17 @@ def _rotate(x: np.ndarray, rope: RopeParameters, c: ModelConfig, position: int, 
 
 def _rotate_pairs(x: np.ndarray, rope: RopeParameters, c: ModelConfig, position: int, seq_len: int) -> np.ndarray:
     """Rotate adjacent dims (2i, 2i + 1) of each head [heads, R], DeepSeek's interleaved layout, in place."""
-    frequencies, attention_factor = _frequencies(rope, c.head_dim, c.max_position_embeddings, seq_len)
+    frequencies, attention_factor = _frequencies(rope, _rope_width(c), c.max_position_embeddings, seq_len)
     turned = (x[:, 0::2] + 1j * x[:, 1::2]) * np.exp(1j * position * frequencies) * attention_factor
     out = np.empty_like(x)
     out[:, 0::2], out[:, 1::2] = turned.real, turned.imag
     return out
+
+
+def _rope_width(c: ModelConfig) -> int:
+    """The head width RoPE's partial_rotary_factor applies to: E, or latent attention's RoPE dims P."""
+    a = c.attention
+    return a.qk_rope_head_dim if isinstance(a, LatentAttention) else a.head_dim
 
 
 def _frequencies(rope: RopeParameters, head_dim: int, max_positions: int, seq_len: int) -> tuple[np.ndarray, float]:

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from refllm.config import ModelConfig
+from refllm.recipe import NormPlacement, QKNorm
 from tests.float64_reference import _mlp, _norm, _qkv, _read_safetensors, _rotate, text_tensors
 
 
@@ -161,7 +162,9 @@ def _text_model(c: ModelConfig, w: dict, x: np.ndarray, spans: list[tuple[int, i
     """x [T, D] -> logits [T, V]; a query sees the keys before it, and with ``spans`` every key of its image."""
     T = len(x)
     image_of = {p: i for i, (start, end) in enumerate(spans) for p in range(start, end)}
-    H, K, E = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    attention = c.attention
+    H, K, E = attention.num_heads, attention.num_kv_heads, attention.head_dim
+    sandwich = c.norms.placement is NormPlacement.SANDWICH
     for layer in range(c.num_hidden_layers):
         p = f"model.layers.{layer}."
         window = c.window_for_layer(layer)
@@ -169,7 +172,7 @@ def _text_model(c: ModelConfig, w: dict, x: np.ndarray, spans: list[tuple[int, i
         for t in range(T):
             q, k, v = _qkv(w, p, _norm(x[t], w[p + "input_layernorm.weight"], c), c)
             q, k, v = q.reshape(H, E), k.reshape(K, E), v.reshape(K, E)
-            if c.qk_norm:
+            if attention.qk_norm is QKNorm.PER_HEAD:
                 q = np.stack([_norm(row, w[p + "self_attn.q_norm.weight"], c) for row in q])
                 k = np.stack([_norm(row, w[p + "self_attn.k_norm.weight"], c) for row in k])
             rope = c.rope_for_layer(layer)
@@ -183,18 +186,18 @@ def _text_model(c: ModelConfig, w: dict, x: np.ndarray, spans: list[tuple[int, i
             attended = np.zeros((H, E))
             for head in range(H):
                 g = head // (H // K)
-                scores = np.array([c.attention_scale * (qs[t][head] @ ks[j][g]) for j in seen])
+                scores = np.array([attention.scale * (qs[t][head] @ ks[j][g]) for j in seen])
                 weights = np.exp(scores - scores.max())
                 attended[head] = sum(wt * vs[j][g] for wt, j in zip(weights / weights.sum(), seen))
             out.append(w[p + "self_attn.o_proj.weight"] @ attended.reshape(-1))
         for t in range(T):
             a = out[t]
-            if c.sandwich_norms:
+            if sandwich:
                 a = _norm(a, w[p + "post_attention_layernorm.weight"], c)
             x[t] = x[t] + a
-            pre_mlp = "pre_feedforward_layernorm" if c.sandwich_norms else "post_attention_layernorm"
+            pre_mlp = "pre_feedforward_layernorm" if sandwich else "post_attention_layernorm"
             m = _mlp(w, p + "mlp.", _norm(x[t], w[p + pre_mlp + ".weight"], c), c)
-            if c.sandwich_norms:
+            if sandwich:
                 m = _norm(m, w[p + "post_feedforward_layernorm.weight"], c)
             x[t] = x[t] + m
     head = w["model.embed_tokens.weight"] if c.tie_word_embeddings else w["lm_head.weight"]

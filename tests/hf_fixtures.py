@@ -197,6 +197,24 @@ CASES: dict[str, tuple[str, dict, str]] = {
         ),
         "float32",
     ),
+    # IBM Granite 3: Llama with an embedding multiplier, a residual multiplier on every sublayer's output,
+    # its own attention scale and the logits divided by logits_scaling; each far from its neutral value
+    "granite": (
+        "GraniteConfig",
+        dict(
+            embedding_multiplier=12.0,
+            residual_multiplier=0.22,
+            attention_multiplier=0.125,  # E^-0.5 would be 0.25
+            logits_scaling=8.0,
+            attention_bias=True,
+        ),
+        "float32",
+    ),
+    # Cohere's Command-R: attention and the MLP side by side on one LayerNorm (no bias), logits scaled, RoPE
+    # pairs interleaved; untied, so the greedy tokens do not settle on one (its config ties by default)
+    "cohere": ("CohereConfig", dict(use_qk_norm=True, logit_scale=0.25, tie_word_embeddings=False), "float32"),
+    # no q/k norm, biases on the q/k/v/o projections, transformers' default logit scale
+    "cohere-no-qk-norm": ("CohereConfig", dict(attention_bias=True, tie_word_embeddings=False), "float32"),
 }
 ROUTER_SPREAD = 3.0  # router weights scaled so no token's top-k is decided by float rounding
 

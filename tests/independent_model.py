@@ -2,7 +2,7 @@
 
 One attention layer with learned absolute positions, its own NumPy attention
 (handed to the cache as ``attend``), and a tied LM head. It shares nothing with
-``LlamaFamilyModel`` but the contract (``refllm/models/contract.py``) and
+``DecoderModel`` but the contract (``refllm/models/contract.py``) and
 refllm's KV caches, which any model may use.
 
 Dimensions: V vocabulary, D hidden size, P positions, B batch, T tokens, S keys.

@@ -1,8 +1,10 @@
 """The mutation gallery: backends with one deliberate bug each, built from refllm's own model.
 
 Each mutant is a factory ``checkpoint -> backend``, as the conformance kit
-takes them, and each bug is a few lines: a subclass of ``LlamaFamilyModel``
-overriding one small method, or a KV cache with one step done wrong. The kit
+takes them, and each bug is a few lines: a subclass of ``DecoderModel``
+with one setting, weight, operation or built block changed (its op set is a
+constructor argument, its layers plain attributes), or a KV cache with one step
+done wrong. The kit
 must catch every one (``tests/test_oracle_mutants.py``).
 """
 
@@ -13,17 +15,20 @@ from dataclasses import replace
 
 import numpy as np
 
-from refllm.kv import CacheConfig
+from refllm.kv import OWN_ATTENTION, CacheConfig
 from refllm.kv.paged import PagedKVArena
 from refllm.models.contract import InMemorySource
-from refllm.models.llama import LlamaFamilyModel
-from refllm.models.moe_layer import mixture_of_experts, route
-from refllm.moe_parameters import TOPK_THEN_SOFTMAX
+from refllm.models.attention import LatentAttentionBlock
+from refllm.models.blocks import SparseMLP
+from refllm.models.decoder import DecoderModel
+from refllm.models.weights import AttentionWeights
 from refllm.nn.attention import attention_mask, softmax
 from refllm.nn.moe import softmax_then_topk, topk_then_softmax
 from refllm.nn.moe_grouped import grouped_topk_routing, sigmoid
-from refllm.nn.rope import RopeTable, rotary_dims
+from refllm.nn.norm import rms_norm
+from refllm.nn.rope import rotary_dims
 from refllm.nn.softcap import soft_cap
+from refllm.recipe import NormPlacement
 from refllm.runtime.llm import LLM
 from refllm.testing.backends import LLMBackend, ModelBackend
 from refllm.testing.factories import BLOCK_SIZE
@@ -50,17 +55,28 @@ class _CacheProxy:
 # --- RoPE -------------------------------------------------------------------------------
 
 
-class RopeBaseOff(LlamaFamilyModel):
-    """RoPE frequencies from twice the configured base."""
+class _OpChanged(DecoderModel):
+    """A model whose op set has one operation replaced by ``wrong(ops)``'s."""
 
     def __init__(self, config, weights, tokenizer=None, *args):
-        super().__init__(config, weights, tokenizer, *args)
-        for layer_type, params in config.rope.items():
-            params = replace(params, theta=2 * params.theta)
-            self.rope_tables[layer_type] = RopeTable(params, config.head_dim, config.max_position_embeddings)
+        super().__init__(config, weights, tokenizer, *args)  # picks the op set the arguments ask for
+        super().__init__(config, weights, tokenizer, self.dtype.name, ops=self.wrong(self.ops))
+
+    def wrong(self, ops):
+        raise NotImplementedError
 
 
-class InterleavedRope(LlamaFamilyModel):
+class RopeBaseOff(_OpChanged):
+    """RoPE frequencies from twice the configured base."""
+
+    def wrong(self, ops):
+        def doubled_base(params, *args):
+            return ops.rope_angles(replace(params, theta=2 * params.theta), *args)
+
+        return replace(ops, rope_angles=doubled_base)
+
+
+class InterleavedRope(DecoderModel):
     """RoPE pairs dims (2i, 2i+1) instead of (i, i + R/2) on rotate-half weights.
 
     Rotating interleaved pairs equals rotating halves after permuting each
@@ -70,30 +86,32 @@ class InterleavedRope(LlamaFamilyModel):
 
     def __init__(self, config, weights, tokenizer=None, *args):
         super().__init__(config, weights, tokenizer, *args)
-        E = config.head_dim
+        E = config.attention.rope_dim
         R = rotary_dims(config.rope_for_layer(0), E)
         within = np.concatenate([np.arange(0, R, 2), np.arange(1, R, 2), np.arange(R, E)])  # [E]
-        for w in weights.layers:
+        for layer in weights.layers:
+            w = layer.attention
+            if not isinstance(w, AttentionWeights):  # latent attention rotates a part of its rows
+                continue
             for name in ("q_proj", "k_proj", "q_proj_bias", "k_proj_bias", "q_norm", "k_norm"):
                 rows = getattr(w, name)
                 if rows is not None:  # every head's rows [E, ...] reordered the same way
                     setattr(w, name, rows[(np.arange(len(rows) // E)[:, None] * E + within).ravel()])
 
 
-class ChunkPositionOffByOne(LlamaFamilyModel):
+class ChunkPositionOffByOne(DecoderModel):
     """A prompt chunk after the first is rotated one position too far."""
 
-    def decoder_layer(self, layer_index, w, x, positions, cache, seq_ids, image_spans=None):
-        if x.shape[1] > 1 and positions[0, 0] > 0:
-            positions = positions + 1
-        return super().decoder_layer(layer_index, w, x, positions, cache, seq_ids, image_spans=image_spans)
+    def _positions(self, cache, seq_ids, num_new):
+        positions = super()._positions(cache, seq_ids, num_new)
+        return positions + 1 if num_new > 1 and positions[0, 0] > 0 else positions
 
 
 # --- attention ----------------------------------------------------------------------------
 
 
 class _WrongGroups(_CacheProxy):
-    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=None, image_spans=None):
+    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=OWN_ATTENTION, image_spans=None):
         heads, kv_heads = q.shape[2], self.inner.shape.num_kv_heads
         order = np.argsort(np.arange(heads) % kv_heads, kind="stable")  # query head h reads KV head h % K
         out = np.empty_like(q)
@@ -102,27 +120,28 @@ class _WrongGroups(_CacheProxy):
         return out
 
 
-class GqaHeadMapping(LlamaFamilyModel):
+class GqaHeadMapping(DecoderModel):
     """Grouped-query attention maps query head h to KV head h % K instead of h // (H / K)."""
 
     def create_kv_cache(self, config=None):
         return _WrongGroups(super().create_kv_cache(config))
 
 
-class SoftmaxScale(LlamaFamilyModel):
+class SoftmaxScale(DecoderModel):
     """Attention scores scaled by 1 / E instead of 1 / sqrt(E) (or Gemma's query_pre_attn_scalar)."""
 
     def __init__(self, config, weights, tokenizer=None, *args):
-        super().__init__(config.with_overrides(attention_scale=1.0 / config.head_dim), weights, tokenizer, *args)
+        wrong = config.with_overrides(attention=replace(config.attention, scale=1.0 / config.attention.rope_dim))
+        super().__init__(wrong, weights, tokenizer, *args)
 
 
 class _WindowOffByOne(_CacheProxy):
-    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=None, image_spans=None):
+    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=OWN_ATTENTION, image_spans=None):
         return self.inner.attention(layer, seq_ids, q, scale, window and window + 1, softcap, attend,
                                     image_spans=image_spans)  # fmt: skip
 
 
-class SlidingWindowOffByOne(LlamaFamilyModel):
+class SlidingWindowOffByOne(DecoderModel):
     """A sliding-window layer sees W + 1 keys."""
 
     def create_kv_cache(self, config=None):
@@ -130,12 +149,12 @@ class SlidingWindowOffByOne(LlamaFamilyModel):
 
 
 class _RowZeroKeys(_CacheProxy):
-    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=None, image_spans=None):
+    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=OWN_ATTENTION, image_spans=None):
         return self.inner.attention(layer, [seq_ids[0]] * len(seq_ids), q, scale, window, softcap, attend,
                                     image_spans=image_spans)  # fmt: skip
 
 
-class BatchRowsShareKeys(LlamaFamilyModel):
+class BatchRowsShareKeys(DecoderModel):
     """Every row of a batch attends over the first row's keys."""
 
     def create_kv_cache(self, config=None):
@@ -145,25 +164,29 @@ class BatchRowsShareKeys(LlamaFamilyModel):
 # --- norms --------------------------------------------------------------------------------
 
 
-class EpsOutsideSqrt(LlamaFamilyModel):
+def _eps_outside_sqrt(x, weight, eps, offset=0.0):
+    rms = np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True))
+    return x / (rms + np.float32(eps)) * (np.float32(offset) + weight)
+
+
+class EpsOutsideSqrt(_OpChanged):
     """RMSNorm divides by sqrt(mean(x^2)) + eps instead of sqrt(mean(x^2) + eps)."""
 
-    def _norm(self, x, weight):
-        rms = np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True))
-        return x / (rms + np.float32(self.config.rms_norm_eps)) * (np.float32(self.config.norm_weight_offset) + weight)
+    def wrong(self, ops):
+        return replace(ops, rms_norm=_eps_outside_sqrt)
 
 
-class GemmaNormEverywhere(LlamaFamilyModel):
+class GemmaNormEverywhere(_OpChanged):
     """Gemma's (1 + w) RMSNorm applied whatever the architecture."""
 
-    def _norm(self, x, weight):
-        return super()._norm(x, weight + np.float32(1.0 - self.config.norm_weight_offset))
+    def wrong(self, ops):
+        return replace(ops, rms_norm=lambda x, weight, eps, offset=0.0: rms_norm(x, weight, eps, 1.0))
 
 
 # --- input checks -------------------------------------------------------------------------
 
 
-class UncheckedTokenIds(LlamaFamilyModel):
+class UncheckedTokenIds(DecoderModel):
     """Token ids go unchecked: -1 silently reads the last embedding row."""
 
     def _check_tokens(self, tokens):
@@ -179,7 +202,7 @@ class _NoCopyOnWrite(PagedKVArena):
         return touched, [], grow  # writes land in blocks the fork still shares
 
 
-class WriteAfterForkShared(LlamaFamilyModel):
+class WriteAfterForkShared(DecoderModel):
     """After a fork, new K/V are written into the shared block: the other branch's slot."""
 
     def create_kv_cache(self, config=None):
@@ -195,7 +218,7 @@ class _LeakyTruncate(PagedKVArena):
             del self._pool.release
 
 
-class TruncateForgetsToFree(LlamaFamilyModel):
+class TruncateForgetsToFree(DecoderModel):
     """truncate drops blocks from the sequence but never frees them."""
 
     def create_kv_cache(self, config=None):
@@ -205,22 +228,22 @@ class TruncateForgetsToFree(LlamaFamilyModel):
 # --- found only by the draws of issue 16: dynamic NTK, long horizons, large weights, special ids --------
 
 
-class DynamicNtkStaticBase(LlamaFamilyModel):
+class DynamicNtkStaticBase(_OpChanged):
     """Dynamic NTK scaling ignored: the RoPE base never grows past max_position_embeddings."""
 
-    def __init__(self, config, weights, tokenizer=None, *args):
-        super().__init__(config, weights, tokenizer, *args)
-        for layer_type, params in config.rope.items():
-            if params.rope_type == "dynamic":
-                static = replace(params, rope_type="default")
-                self.rope_tables[layer_type] = RopeTable(static, config.head_dim, config.max_position_embeddings)
+    def wrong(self, ops):
+        def static_base(params, *args):
+            static = replace(params, rope_type="default") if params.rope_type == "dynamic" else params
+            return ops.rope_angles(static, *args)
+
+        return replace(ops, rope_angles=static_base)
 
 
-class RopeTableOf32(LlamaFamilyModel):
+class RopeTableOf32(DecoderModel):
     """RoPE angles from a table of 32 positions: every position past 31 is rotated as position 31."""
 
-    def decoder_layer(self, layer, w, x, positions, cache, seq_ids, image_spans=None):
-        return super().decoder_layer(layer, w, x, np.minimum(positions, 31), cache, seq_ids, image_spans=image_spans)
+    def _positions(self, cache, seq_ids, num_new):
+        return np.minimum(super()._positions(cache, seq_ids, num_new), 31)
 
 
 def _softmax_without_max(q, k, v, query_positions, scale, window=None, softcap=None):
@@ -246,12 +269,12 @@ class _AttendReplaced(_CacheProxy):
         super().__init__(inner)
         self.wrong = wrong
 
-    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=None, image_spans=None):
+    def attention(self, layer, seq_ids, q, scale, window=None, softcap=None, attend=OWN_ATTENTION, image_spans=None):
         attend = attend if isinstance(attend, functools.partial) else self.wrong
         return self.inner.attention(layer, seq_ids, q, scale, window, softcap, attend, image_spans=image_spans)
 
 
-class SoftmaxWithoutMax(LlamaFamilyModel):
+class SoftmaxWithoutMax(DecoderModel):
     """Softmax without subtracting the max score: large attention scores overflow to inf, then NaN."""
 
     def create_kv_cache(self, config=None):
@@ -270,32 +293,32 @@ def _softcap_after_mask(q, k, v, query_positions, scale, window=None, softcap=No
     return np.einsum("hts,she->the", softmax(scores), v).astype(q.dtype)
 
 
-class SoftcapAfterMask(LlamaFamilyModel):
+class SoftcapAfterMask(DecoderModel):
     """Gemma 2's attention soft-cap applied after the causal mask instead of before it."""
 
     def create_kv_cache(self, config=None):
         return _AttendReplaced(super().create_kv_cache(config), _softcap_after_mask)
 
 
-class RopeOnNopeLayers(LlamaFamilyModel):
+class RopeOnNopeLayers(DecoderModel):
     """SmolLM3's NoPE layers rotated like the others."""
 
     def __init__(self, config, weights, tokenizer=None, *args):
         super().__init__(config.with_overrides(nope_layers=()), weights, tokenizer, *args)
 
 
-class PreNormNotPostNorm(LlamaFamilyModel):
+class PreNormNotPostNorm(DecoderModel):
     """OLMo 2's norms applied to the sublayers' inputs (Llama's placement) instead of their outputs."""
 
-    def decoder_layer(self, layer_index, w, x, positions, cache, seq_ids, image_spans=None):
-        if not self.config.post_norms:
-            return super().decoder_layer(layer_index, w, x, positions, cache, seq_ids, image_spans=image_spans)
-        normed = self._norm(x, w.post_attention_layernorm)
-        x = x + self.self_attention(layer_index, w, normed, positions, cache, seq_ids, image_spans=image_spans)
-        return x + self.mlp(w, self._norm(x, w.post_feedforward_layernorm))
+    def __init__(self, config, weights, tokenizer=None, *args):
+        super().__init__(config, weights, tokenizer, *args)
+        if config.norms.placement is NormPlacement.POST:
+            for layer in self.layers:
+                layer.attention_norm, layer.attention_output_norm = layer.attention_output_norm, None
+                layer.mlp_norm, layer.mlp_output_norm = layer.mlp_output_norm, None
 
 
-class PadEmbeddingZeroed(LlamaFamilyModel):
+class PadEmbeddingZeroed(DecoderModel):
     """Token id 0 (pad) embeds as zeros, as if a padding mask were applied to real input."""
 
     def __init__(self, config, weights, tokenizer=None, *args):
@@ -309,7 +332,7 @@ def _stray_lm_head(checkpoint) -> ModelBackend:
     untied = checkpoint.config.with_overrides(tie_word_embeddings=False)
     tensors = dict(checkpoint.tensors)
     tensors.setdefault("lm_head.weight", tensors["model.embed_tokens.weight"])
-    model = LlamaFamilyModel.load(InMemorySource(untied, tensors))
+    model = DecoderModel.load(InMemorySource(untied, tensors))
     return ModelBackend(model, CacheConfig(kind="contiguous"), "StrayLmHead")
 
 
@@ -327,12 +350,16 @@ def _greedy_skips_last_id(llm):
     return greedy
 
 
-class DroppedQkvBias(LlamaFamilyModel):
+class DroppedQkvBias(DecoderModel):
     """The q, k and v projection biases are never added."""
 
     def __init__(self, config, weights, tokenizer=None, *args):
-        layers = [replace(w, q_proj_bias=None, k_proj_bias=None, v_proj_bias=None) for w in weights.layers]
-        super().__init__(config, replace(weights, layers=layers), tokenizer, *args)
+        def unbiased(w):
+            if not isinstance(w.attention, AttentionWeights):  # latent attention's biases are its own
+                return w
+            return replace(w, attention=replace(w.attention, q_proj_bias=None, k_proj_bias=None, v_proj_bias=None))
+
+        super().__init__(config, replace(weights, layers=[unbiased(w) for w in weights.layers]), tokenizer, *args)
 
 
 # --- DeepSeek-V3: latent cache and grouped routing ---------------------------------------------
@@ -349,67 +376,89 @@ class _RopeKeyUnrotated(_CacheProxy):
         self.inner.write(layer, seq_ids, k, v)
 
 
-class LatentRopeKeyCachedBeforeRope(LlamaFamilyModel):
+class _KeyUnrotatedAttention:
+    """A latent attention block whose cache gets the shared RoPE key as it was before the rotation."""
+
+    def __init__(self, block: LatentAttentionBlock):
+        self.block = block
+
+    def __call__(self, x, positions, cache, seq_ids, image_spans=None):
+        w, rank = self.block.w, self.block.widths[-1]  # C, the latent's width
+        compressed = self.block.ops.linear(x, w.kv_a_proj_with_mqa, w.kv_a_proj_with_mqa_bias)
+        return self.block(x, positions, _RopeKeyUnrotated(cache, compressed[:, :, None, rank:], rank), seq_ids)
+
+
+class LatentRopeKeyCachedBeforeRope(DecoderModel):
     """Latent attention caches its shared RoPE key before rotating it (queries are rotated)."""
 
-    def self_attention(self, layer_index, w, x, positions, cache, seq_ids, image_spans=None):
-        if w.latent is not None:
-            rank = self.config.latent_attention.kv_lora_rank
-            compressed = self.ops.linear(x, w.latent.kv_a_proj_with_mqa, w.latent.kv_a_proj_with_mqa_bias)
-            cache = _RopeKeyUnrotated(cache, compressed[:, :, None, rank:], rank)
-        return super().self_attention(layer_index, w, x, positions, cache, seq_ids, image_spans=image_spans)
+    def __init__(self, config, weights, tokenizer=None, *args):
+        super().__init__(config, weights, tokenizer, *args)
+        for layer in self.layers:
+            if isinstance(layer.attention, LatentAttentionBlock):
+                layer.attention = _KeyUnrotatedAttention(layer.attention)
 
 
-def _bias_in_weights(router_logits, correction_bias, top_k, num_groups, groups_per_token, norm, scaling):
-    expert_ids, _ = grouped_topk_routing(router_logits, correction_bias, top_k, num_groups, groups_per_token, norm, scaling)
+def _bias_in_weights(router_logits, correction_bias, **settings):
+    """DeepSeek's routing, its chosen experts weighed by score + correction bias (settings: grouped_topk_routing's)."""
+    expert_ids, _ = grouped_topk_routing(router_logits, correction_bias, **settings)
     weights = np.take_along_axis(sigmoid(router_logits) + correction_bias, expert_ids, axis=-1)
-    if norm:
+    if settings["norm_topk_prob"]:
         weights = weights / (weights.sum(axis=-1, keepdims=True) + 1e-20)
-    return expert_ids, weights * scaling
+    return expert_ids, weights * settings["routed_scaling_factor"]
 
 
-class RoutingBiasInWeights(LlamaFamilyModel):
+class _Rerouted(DecoderModel):
+    """A model whose sparse layers route with ``wrong(route)`` instead of their family's ``route``
+    (a partial of one of the routings of refllm/nn/moe.py or moe_grouped.py, its settings bound)."""
+
+    def __init__(self, config, weights, tokenizer=None, *args):
+        super().__init__(config, weights, tokenizer, *args)
+        for layer in self.layers:
+            if isinstance(layer.mlp, SparseMLP):
+                layer.mlp.route = self.wrong(layer.mlp.route)
+
+    def wrong(self, route):
+        raise NotImplementedError
+
+
+class RoutingBiasInWeights(_Rerouted):
     """DeepSeek's router weighs the chosen experts by score + correction bias, not the score alone."""
 
-    route_experts = staticmethod(_bias_in_weights)
+    def wrong(self, route):
+        return functools.partial(_bias_in_weights, **route.keywords) if route.func is grouped_topk_routing else route
 
 
 # --- mixtures of experts and attention sinks ------------------------------------------------------
 
 
-def _other_order(router_logits, moe):
-    if moe.routing == TOPK_THEN_SOFTMAX:
-        return softmax_then_topk(router_logits, moe.experts_per_token, renormalize=False)
-    return topk_then_softmax(router_logits, moe.experts_per_token)
-
-
-class _RoutedWrong(LlamaFamilyModel):
-    routing = staticmethod(route)
-
-    def mlp(self, w, h):
-        if w.experts is None or self.config.moe is None:  # DeepSeek-V3's router is RoutingBiasInWeights's
-            return super().mlp(w, h)
-        return mixture_of_experts(h, w, self.config, self.ops, self.routing)
-
-
-class RouterOrderSwapped(_RoutedWrong):
+class RouterOrderSwapped(_Rerouted):
     """The router's softmax after the top-k instead of before (and before it where gpt-oss puts it after)."""
 
-    routing = staticmethod(_other_order)
+    def wrong(self, route):
+        if route.func is topk_then_softmax:
+            return functools.partial(softmax_then_topk, k=route.keywords["k"], renormalize=False)
+        if route.func is softmax_then_topk:
+            return functools.partial(topk_then_softmax, k=route.keywords["k"])
+        return route  # DeepSeek-V3's router is RoutingBiasInWeights's
 
 
-class RouterNotRenormalised(_RoutedWrong):
+class RouterNotRenormalised(_Rerouted):
     """The k chosen probabilities used as they are, where the config renormalises them to sum to 1."""
 
-    routing = staticmethod(lambda router_logits, moe: route(router_logits, replace(moe, norm_topk_prob=False)))
+    def wrong(self, route):
+        return functools.partial(route, renormalize=False) if route.func is softmax_then_topk else route
 
 
-class SinksDropped(LlamaFamilyModel):
+class SinksDropped(DecoderModel):
     """gpt-oss's attention sinks never join the softmax."""
 
     def __init__(self, config, weights, tokenizer=None, *args):
-        layers = [replace(w, sinks=None) for w in weights.layers]
-        super().__init__(config, replace(weights, layers=layers), tokenizer, *args)
+        def sinkless(w):
+            if not isinstance(w.attention, AttentionWeights):  # latent attention has no sinks
+                return w
+            return replace(w, attention=replace(w.attention, sinks=None))
+
+        super().__init__(config, replace(weights, layers=[sinkless(w) for w in weights.layers]), tokenizer, *args)
 
 
 # --- runtimes whose bookkeeping is wrong (seen through LLMBackend) --------------------------------
@@ -448,6 +497,11 @@ class ReleaseKeepsKV(_LLMProxy):
             raise KeyError(f"cache id {cache_id} was released")
         return self.inner.decode(cache_id, token, self.inner.length(cache_id))
 
+    def decode_batch(self, items):
+        if any(cache_id in self.released for cache_id, _, _ in items):
+            raise KeyError("a cache id of the batch was released")
+        return self.inner.decode_batch([(cache_id, token, self.inner.length(cache_id)) for cache_id, token, _ in items])
+
     def release(self, cache_id):
         if cache_id in self.released or cache_id not in self.inner:
             raise KeyError(f"unknown cache id {cache_id}")
@@ -468,7 +522,7 @@ class BatchRowsSorted(_LLMProxy):
 
 
 def _paged_llm(checkpoint) -> LLM:
-    return LLM(LlamaFamilyModel.load(checkpoint), CacheConfig(kind="paged", block_size=BLOCK_SIZE))
+    return LLM(DecoderModel.load(checkpoint), CacheConfig(kind="paged", block_size=BLOCK_SIZE))
 
 
 def _llm_backend(proxy_class, checkpoint) -> LLMBackend:

@@ -23,7 +23,7 @@ from refllm import progress
 from refllm.commands import common
 from refllm.kv import CacheConfig
 from refllm.memory import RUNTIME_BYTES, weight_bytes
-from refllm.models.llama import cache_shape_for
+from refllm.models.decoder import cache_shape_for
 from refllm.models.random import random_model
 from refllm.runtime.llm import LLM, PREFILL_CHUNK
 from refllm.server import BackgroundServer, create_app

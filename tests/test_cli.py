@@ -287,7 +287,15 @@ def test_embed_prints_pooled_final_hidden_states_as_json(tiny, model, pooling, c
 
 
 def info_rows(out: str) -> dict[str, str]:
-    return dict(re.match(r"(\S+(?: cache)?)\s{2,}(.*)", line).groups() for line in out.splitlines())
+    """Each row of ``refllm info`` by its name; a row of several lines (the recipe) joined by "; "."""
+    rows: dict[str, str] = {}
+    for line in out.splitlines():
+        if line.startswith(" "):  # the next line of the row above
+            rows[key] += "; " + line.strip()
+        else:
+            key, value = re.match(r"(\S+(?: cache)?)\s{2,}(.*)", line).groups()
+            rows[key] = value
+    return rows
 
 
 def test_info_describes_a_hugging_face_directory(tiny, model, capsys):
@@ -324,10 +332,9 @@ def test_info_describes_latent_attention_and_shared_experts(capsys):
     rows = info_rows(out)
     c = refllm.load_model(DATA / "deepseek_v3").config
     assert code == 0
-    assert rows["architecture"] == (
-        "deepseek_v3: 3 layers, hidden size 64, MLP 96, latent attention: 4 heads, KV rank 16, query rank 24,"
-        " key dims 8 + 8 RoPE, value dims 12"
-    )
+    assert rows["architecture"] == "deepseek_v3: 3 layers, hidden size 64"
+    assert "attention: latent, 4 heads, KV rank 16, query rank 24, key dims 8 + 8 RoPE, value dims 12" in rows["recipe"]
+    assert "MLP: gated silu, 96 wide" in rows["recipe"]
     assert rows["experts"] == (
         f"8 per sparse layer (2 of 3 layers), 3 per token plus 1 shared: {c.active_parameters:,} parameters"
         f" active per token ({c.active_parameters / 1e6:.1f} M)"
@@ -356,8 +363,8 @@ def test_a_quantized_load_keeps_the_matrices_of_a_gguf_file_in_their_blocks(tmp_
     from tests.test_gguf_source import convert
 
     path = str(convert("llama", tmp_path / "llama.gguf", "Q8_0"))
-    assert isinstance(common.load(path, text=False, quantized=True).weights.layers[0].q_proj, QuantizedTensor)
-    assert isinstance(common.load(path, text=False).weights.layers[0].q_proj, np.ndarray)
+    assert isinstance(common.load(path, text=False, quantized=True).weights.layers[0].attention.q_proj, QuantizedTensor)
+    assert isinstance(common.load(path, text=False).weights.layers[0].attention.q_proj, np.ndarray)
 
 
 @pytest.mark.parametrize("command", [["generate", "hi"], ["chat"], ["bench"]])

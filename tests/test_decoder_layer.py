@@ -33,7 +33,7 @@ from refllm.kv.base import CacheShape
 from refllm.kv.paged import PagedKVArena
 from refllm.models.ops import SPEC_OPS, fast_ops
 from refllm.nn.residual import residual_block
-from refllm.nn.rope import RopeTable
+from refllm.kernels.rope import RopeTable
 from refllm.quant.formats import dequantize
 from refllm.quant.linear import PARALLEL_MIN_WEIGHTS, QuantizedTensor
 from refllm.testing.truth import relative_error

@@ -16,11 +16,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import refllm
-from refllm import CacheConfig, InMemorySource, LlamaFamilyModel, ModelConfig
+from refllm import CacheConfig, InMemorySource, DecoderModel, ModelConfig
 from refllm.errors import ConfigError
 from refllm.loading import open_source
-from refllm.models.weights import checkpoint_shapes
-from refllm.nn.latent_attention import absorbed_latent_attention, latent_attention
+from refllm.models.weights import SparseMLPWeights
+from refllm.kernels.latent_attention import absorbed_latent_attention
+from refllm.nn.latent_attention import latent_attention
 from refllm.nn.moe_grouped import grouped_topk_routing
 from refllm.runtime.llm import LLM
 from tests.hf_fixtures import DATA, NEW_TOKENS
@@ -37,22 +38,22 @@ def fixture_tensors(name: str) -> tuple[ModelConfig, dict[str, np.ndarray]]:
 
 def logits_with(name: str, config: ModelConfig, tensors: dict[str, np.ndarray]) -> np.ndarray:
     reference = np.load(DATA / name / "reference.npz")
-    return all_logits(LlamaFamilyModel.load(InMemorySource(config, tensors)), reference["input_ids"])
+    return all_logits(DecoderModel.load(InMemorySource(config, tensors)), reference["input_ids"])
 
 
 def variants(config: ModelConfig, tensors: dict[str, np.ndarray]) -> dict[str, tuple[ModelConfig, dict]]:
     """Each mechanism turned off, one at a time."""
-    experts, latent = config.grouped_experts, config.latent_attention
+    experts, latent = config.experts, config.attention
     unbiased = {n: np.zeros_like(t) if n.endswith("e_score_correction_bias") else t for n, t in tensors.items()}
     no_shared = {n: np.zeros_like(t) if ".shared_experts." in n else t for n, t in tensors.items()}
     return {
         "correction bias": (config, unbiased),
-        "group limit": (replace(config, grouped_experts=replace(experts, groups_per_token=experts.num_groups)), tensors),
+        "group limit": (replace(config, experts=replace(experts, groups_per_token=experts.num_groups)), tensors),
         "shared experts": (config, no_shared),
-        "routed scaling factor": (replace(config, grouped_experts=replace(experts, routed_scaling_factor=1.0)), tensors),
-        "topk renormalisation": (replace(config, grouped_experts=replace(experts, norm_topk_prob=not experts.norm_topk_prob)), tensors),
-        "softmax scale": (replace(config, attention_scale=latent.qk_head_dim**-0.5 * 1.5), tensors),
-        "rope layout": (replace(config, latent_attention=replace(latent, rope_interleave=not latent.rope_interleave)), tensors),
+        "routed scaling factor": (replace(config, experts=replace(experts, routed_scaling_factor=1.0)), tensors),
+        "topk renormalisation": (replace(config, experts=replace(experts, norm_topk_prob=not experts.norm_topk_prob)), tensors),
+        "softmax scale": (replace(config, attention=replace(latent, scale=latent.qk_head_dim**-0.5 * 1.5)), tensors),
+        "rope layout": (replace(config, attention=replace(latent, rope_interleave=not latent.rope_interleave)), tensors),
     }
 
 
@@ -71,8 +72,8 @@ def test_the_yarn_fixture_scales_the_softmax_by_mscale_squared():
     rope = config.rope_for_layer(0)
     assert rope.rope_type == "yarn" and rope.mscale_all_dim == 1.0
     mscale = 0.1 * np.log(rope.factor) + 1.0
-    assert config.attention_scale == pytest.approx(config.latent_attention.qk_head_dim**-0.5 * mscale**2)
-    unscaled = replace(config, attention_scale=config.latent_attention.qk_head_dim**-0.5)
+    assert config.attention.scale == pytest.approx(config.attention.qk_head_dim**-0.5 * mscale**2)
+    unscaled = replace(config, attention=replace(config.attention, scale=config.attention.qk_head_dim**-0.5))
     _, tensors = fixture_tensors("deepseek_v3")
     reference = np.load(DATA / "deepseek_v3" / "reference.npz")["logits"]
     assert np.max(np.abs(logits_with("deepseek_v3", unscaled, tensors) - reference)) > 100 * ATOL
@@ -82,7 +83,7 @@ def test_the_yarn_fixture_scales_the_softmax_by_mscale_squared():
 def test_the_cache_holds_one_latent_per_token_and_layer(name):
     model = refllm.load_model(DATA / name)
     c = model.config
-    width = c.latent_attention.kv_lora_rank + c.latent_attention.qk_rope_head_dim
+    width = c.attention.kv_lora_rank + c.attention.qk_rope_head_dim
     assert model.cache_shape.bytes_per_token == c.num_hidden_layers * width * 4
     cache = model.create_kv_cache(CacheConfig(kind="paged", block_size=4, num_blocks=16))
     assert cache.k.shape[-2:] == (1, width) and cache.v.size == 0
@@ -131,7 +132,7 @@ def test_fused_expert_tensors_load_as_the_per_expert_ones():
         prefix = f"model.layers.{layer}.mlp.experts."
         if prefix + "0.gate_proj.weight" not in tensors:
             continue
-        X = config.grouped_experts.num_experts
+        X = config.experts.num_experts
         gate_up = [np.concatenate([fused.pop(f"{prefix}{e}.{p}.weight") for p in ("gate_proj", "up_proj")]) for e in range(X)]
         fused[prefix + "gate_up_proj"] = np.stack(gate_up)
         fused[prefix + "down_proj"] = np.stack([fused.pop(f"{prefix}{e}.down_proj.weight") for e in range(X)])
@@ -141,26 +142,25 @@ def test_fused_expert_tensors_load_as_the_per_expert_ones():
 
 @pytest.mark.parametrize("name", CASES)
 def test_parameter_counts_cover_latent_attention_and_every_expert(name):
-    config, _ = fixture_tensors(name)
-    stored = sum(int(np.prod(shape)) for shape in checkpoint_shapes(config).values())
+    config, tensors = fixture_tensors(name)
+    stored = sum(tensor.size for tensor in tensors.values())  # what the checkpoint file holds
     assert config.num_parameters == stored
-    experts = config.grouped_experts
+    experts = config.experts
     sparse = sum(experts.is_sparse(i) for i in range(config.num_hidden_layers))
-    unread = (experts.num_experts - experts.experts_per_token) * 3 * config.hidden_size * experts.expert_intermediate_size
+    unread = (experts.num_experts - experts.experts_per_token) * 3 * config.hidden_size * experts.moe_intermediate_size
     assert config.active_parameters == stored - sparse * unread
 
 
 def test_a_decode_step_reads_only_the_chosen_and_the_shared_experts():
     """The sparse layers run the experts loop every mixture shares (refllm/nn/moe.py), through the op set."""
-    model = refllm.load_model(DATA / "deepseek_v3")
-    read = weights_read_by_a_decode_step(model)
-    sparse = [layer for layer in model.weights.layers if layer.experts is not None]
+    model, read = weights_read_by_a_decode_step(DATA / "deepseek_v3")
+    sparse = [layer.mlp for layer in model.weights.layers if isinstance(layer.mlp, SparseMLPWeights)]
     assert len(sparse) == 2  # the first layer stays dense
-    for layer in sparse:
-        touched = [e for e, expert in enumerate(layer.experts) if id(expert.gate_proj) in read]
-        assert len(touched) == model.config.grouped_experts.experts_per_token  # 3 of 8
-        assert all({id(layer.experts[e].up_proj), id(layer.experts[e].down_proj)} <= read for e in touched)
-        shared = layer.shared_experts
+    for mlp in sparse:
+        touched = [e for e, expert in enumerate(mlp.experts) if id(expert.gate_proj) in read]
+        assert len(touched) == model.config.experts.experts_per_token  # 3 of 8
+        assert all({id(mlp.experts[e].up_proj), id(mlp.experts[e].down_proj)} <= read for e in touched)
+        shared = mlp.shared
         assert {id(shared.gate_proj), id(shared.up_proj), id(shared.down_proj)} <= read
 
 

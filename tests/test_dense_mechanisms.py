@@ -20,7 +20,8 @@ import refllm
 from refllm import LLM, CacheConfig, ModelConfig
 from refllm.errors import ConfigError
 from refllm.io.safetensors import HFDirectorySource
-from refllm.models.llama import LlamaFamilyModel
+from refllm.models.decoder import DecoderModel
+from refllm.recipe import NormPlacement, QKNorm
 from refllm.runtime.engine import Engine
 from refllm.runtime.executor import LLMExecutor
 from refllm.runtime.sampling import SamplingParams
@@ -33,36 +34,42 @@ from tests.test_op_sets import model as op_set_model
 FIXTURES = ["gemma2", "smollm3", "olmo2"]
 
 
-def load(name: str) -> tuple[LlamaFamilyModel, dict]:
+def load(name: str) -> tuple[DecoderModel, dict]:
     return refllm.load_model(DATA / name), dict(np.load(DATA / name / "reference.npz"))
 
 
-def pre_norm_twin(model: LlamaFamilyModel) -> LlamaFamilyModel:
+def pre_norm_twin(model: DecoderModel) -> DecoderModel:
     """OLMo 2 with its two norms moved before attention and the MLP (Llama's placement), weights unchanged."""
     layers = [
         dataclasses.replace(
             layer,
-            input_layernorm=layer.post_attention_layernorm,
-            post_attention_layernorm=layer.post_feedforward_layernorm,
-            post_feedforward_layernorm=None,
+            attention_norm=layer.attention_output_norm,
+            attention_output_norm=None,
+            mlp_norm=layer.mlp_output_norm,
+            mlp_output_norm=None,
         )
         for layer in model.weights.layers
     ]
     weights = dataclasses.replace(model.weights, layers=layers)
-    return LlamaFamilyModel(model.config.with_overrides(post_norms=False), weights)
+    pre_norms = dataclasses.replace(model.config.norms, placement=NormPlacement.PRE)
+    return DecoderModel(model.config.with_overrides(norms=pre_norms), weights)
 
 
-def with_config(model: LlamaFamilyModel, **changes) -> LlamaFamilyModel:
-    return LlamaFamilyModel(model.config.with_overrides(**changes), model.weights)
+def with_config(model: DecoderModel, **changes) -> DecoderModel:
+    return DecoderModel(model.config.with_overrides(**changes), model.weights)
+
+
+def with_attention(model: DecoderModel, **changes) -> DecoderModel:
+    return with_config(model, attention=dataclasses.replace(model.config.attention, **changes))
 
 
 SWITCHED_OFF = {
-    "no attention soft-cap": ("gemma2", lambda m: with_config(m, attn_logit_softcapping=None)),
+    "no attention soft-cap": ("gemma2", lambda m: with_attention(m, softcap=None)),
     "no final-logit soft-cap": ("gemma2", lambda m: with_config(m, final_logit_softcapping=None)),
     "no sliding window": ("gemma2", lambda m: with_config(m, sliding_window=None)),
     "RoPE on every layer": ("smollm3", lambda m: with_config(m, nope_layers=())),
     "pre-norm placement": ("olmo2", pre_norm_twin),
-    "no q/k norm": ("olmo2", lambda m: with_config(m, qk_norm=False, qk_norm_whole=False)),
+    "no q/k norm": ("olmo2", lambda m: with_attention(m, qk_norm=QKNorm.NONE)),
 }
 
 
@@ -77,10 +84,10 @@ def test_each_mechanism_moves_the_logits_past_the_tolerance(change):
 
 def test_the_fixtures_carry_their_mechanisms():
     gemma2, smollm3, olmo2 = (load(name)[0].config for name in FIXTURES)
-    assert (gemma2.attn_logit_softcapping, gemma2.final_logit_softcapping) == (2.0, 3.0)
-    assert gemma2.layer_types == ("sliding_attention", "full_attention") and gemma2.attention_scale == 24**-0.5
+    assert (gemma2.attention.softcap, gemma2.final_logit_softcapping) == (2.0, 3.0)
+    assert gemma2.layer_types == ("sliding_attention", "full_attention") and gemma2.attention.scale == 24**-0.5
     assert smollm3.nope_layers == (3,)
-    assert olmo2.post_norms and olmo2.qk_norm_whole
+    assert olmo2.norms.placement is NormPlacement.POST and olmo2.attention.qk_norm is QKNorm.WHOLE
 
 
 @pytest.mark.parametrize("kind", ["contiguous", "paged"])
@@ -144,9 +151,9 @@ def test_gemma2_takes_transformers_defaults_for_missing_caps_and_none_for_null_o
     config = hub_config("gemma2")
     del config["attn_logit_softcapping"], config["final_logit_softcapping"]
     c = ModelConfig.from_hf(config)
-    assert (c.attn_logit_softcapping, c.final_logit_softcapping) == (50.0, 30.0)
+    assert (c.attention.softcap, c.final_logit_softcapping) == (50.0, 30.0)
     c = ModelConfig.from_hf(config | {"attn_logit_softcapping": None, "final_logit_softcapping": None})
-    assert (c.attn_logit_softcapping, c.final_logit_softcapping) == (None, None)
+    assert (c.attention.softcap, c.final_logit_softcapping) == (None, None)
 
 
 def test_smollm3_no_rope_layers_flag_the_layers_that_rotate():

@@ -12,10 +12,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 
 import numba
 import numpy as np
 import pytest
+from numba.core import event
 
 import refllm
 from refllm.commands import warm_start
@@ -47,6 +49,25 @@ def test_the_probe_loads_cached_kernels_and_refuses_to_compile(quantized_path, m
     assert not warm_start.kernels_cached(cold)
     assert never_compiled.signatures == []  # stopped before it compiled
     assert cold.cache_ids() == []
+
+
+def test_the_probe_forbids_compiling_in_its_own_thread_only():
+    """A watcher thread probing the cache must not fail a compilation another thread runs meanwhile."""
+    inside, release = threading.Event(), threading.Event()
+
+    def probe() -> None:
+        with event.install_listener("numba:compile", warm_start._Forbid()):
+            inside.set()
+            release.wait(60)
+
+    watcher = threading.Thread(target=probe)
+    watcher.start()
+    try:
+        assert inside.wait(60)
+        assert numba.njit(lambda x: x + 1)(1) == 2  # compiles here, beside the probe
+    finally:
+        release.set()
+        watcher.join()
 
 
 def test_answers_move_from_the_spec_ops_to_the_kernels_between_forward_passes(quantized_path):

@@ -12,6 +12,7 @@ the bound can see it.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,9 @@ import pytest
 
 import refllm
 from refllm.kv import CacheConfig
-from refllm.nn.rope import RopeTable
+from refllm.kernels.rope import RopeTable
+from refllm.models.decoder import DecoderModel
+from refllm.models.ops import SPEC_OPS
 from refllm.testing.truth import relative_error
 from tests.float64_reference import reference_logits
 
@@ -58,11 +61,14 @@ def test_prefill_then_decode_is_float64_truth_past_the_windows(checkpoint, kind)
 def test_the_bound_sees_float32_rope_tables():
     """Rotating with float32 cos/sin tables, as transformers keeps them, breaks the 1e-9 bound."""
     checkpoint = next(p for p in CHECKPOINTS if p.name == "llama")
-    model = refllm.load_model(checkpoint, dtype="float64")
-    c = model.config
-    model.rope_tables = {
-        kind: RopeTable(params, c.head_dim, c.max_position_embeddings, np.float32) for kind, params in c.rope.items()
-    }
+    truth_model = refllm.load_model(checkpoint, dtype="float64")
+
+    def float32_table(params, head_dim, max_position_embeddings, dtype):
+        return RopeTable(params, head_dim, max_position_embeddings, np.float32).lookup
+
+    model = DecoderModel(
+        truth_model.config, truth_model.weights, dtype="float64", ops=replace(SPEC_OPS, rope_angles=float32_table)
+    )
     logits = model.prefill_all_logits(np.array([TOKENS]), model.create_kv_cache(), range(26))
     error = relative_error(logits[0], reference_logits(checkpoint, TOKENS, [len(TOKENS)]))
     assert 1e-8 <= error <= 1e-5

@@ -8,15 +8,17 @@ where the file can carry them, and the same logits as the safetensors checkpoint
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 import refllm
-from refllm import LlamaFamilyModel
+from refllm import DecoderModel
 from refllm.io.gguf import GGUFSource
 from refllm.io.safetensors import HFDirectorySource
 from tests.hf_fixtures import DATA, NEW_TOKENS
-from tests.test_gguf_source import ATOL, RTOL, all_logits, convert, greedy
+from tests.test_gguf_source import ATOL, RTOL, all_logits, convert, float32_eps, greedy
 
 CASES = ["gemma2", "smollm3", "olmo2"]
 
@@ -35,8 +37,7 @@ def test_tensors_come_back_in_hugging_face_names_and_layout(case, tmp_path):
 def test_converted_fixture_is_the_hugging_face_model(case, tmp_path):
     model = refllm.load_model(convert(case, tmp_path / f"{case}.gguf"))
     hf_model = refllm.load_model(DATA / case)
-    eps = float(np.float32(hf_model.config.rms_norm_eps))  # GGUF stores it as a float32
-    assert model.config == hf_model.config.with_overrides(rms_norm_eps=eps)
+    assert model.config == float32_eps(hf_model.config)  # GGUF stores the epsilon as a float32
     reference = np.load(DATA / case / "reference.npz")
     ids = reference["input_ids"]
     np.testing.assert_array_equal(all_logits(model, ids), all_logits(hf_model, ids))
@@ -55,11 +56,11 @@ def test_gemma2_gguf_carries_both_soft_caps_and_takes_the_rest_from_the_architec
     hf_config = HFDirectorySource(DATA / "gemma2").config
     model = refllm.load_model(convert("gemma2", tmp_path / "g.gguf"))
     c = model.config
-    assert (c.attn_logit_softcapping, c.final_logit_softcapping) == (2.0, 3.0)
+    assert (c.attention.softcap, c.final_logit_softcapping) == (2.0, 3.0)
     assert c.layer_types == ("sliding_attention", "full_attention") and c.sliding_window == 8
-    assert c.attention_scale == c.head_dim**-0.5  # the fixture's query_pre_attn_scalar (24) is not in the file
-    eps = float(np.float32(hf_config.rms_norm_eps))
-    assert c == hf_config.with_overrides(attention_scale=c.attention_scale, rms_norm_eps=eps)
-    expected = LlamaFamilyModel(c, refllm.load_model(DATA / "gemma2").weights)
+    # the fixture's query_pre_attn_scalar (24) is not in the file
+    assert c.attention.scale == c.attention.head_dim**-0.5
+    assert c == float32_eps(hf_config).with_overrides(attention=replace(hf_config.attention, scale=c.attention.scale))
+    expected = DecoderModel(c, refllm.load_model(DATA / "gemma2").weights)
     ids = np.load(DATA / "gemma2" / "reference.npz")["input_ids"]
     np.testing.assert_allclose(all_logits(model, ids), all_logits(expected, ids), rtol=1e-5, atol=1e-5)

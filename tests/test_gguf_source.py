@@ -10,6 +10,7 @@ model that transformers' reference outputs were recorded from.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import gguf
@@ -19,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import refllm
-from refllm import CacheConfig, LlamaFamilyModel, ModelConfig
+from refllm import CacheConfig, DecoderModel, ModelConfig
 from refllm.errors import MissingTensorError, WeightError
 from refllm.io.gguf import (
     GGUFFileError,
@@ -28,10 +29,11 @@ from refllm.io.gguf import (
     permute,
     reverse_permute,
 )
-from refllm.io.gguf_families import GEMMA3_LOCAL_ROPE_THETA
+from refllm.families.gemma import GEMMA3_LOCAL_ROPE_THETA
 from refllm.io.safetensors import HFDirectorySource
 from refllm.loading import ModelNotFoundError
 from refllm.quant.linear import QuantizedTensor
+from refllm.recipe import NormPlacement, QKNorm
 from tests.hf_fixtures import DATA, NEW_TOKENS
 
 GGUF_ARCHITECTURES = {
@@ -61,17 +63,18 @@ def convert(case: str | Path, path, tensor_type: str = "F32", *, skip: tuple[str
     llama.cpp would; ``more(writer)``, if given, writes more metadata (a tokenizer, say)."""
     source = HFDirectorySource(case if isinstance(case, Path) else DATA / case)
     c = source.config
+    a = c.attention
     arch = GGUF_ARCHITECTURES[c.model_type]
     writer = gguf.GGUFWriter(path, arch)
     writer.add_context_length(c.max_position_embeddings)
     writer.add_embedding_length(c.hidden_size)
-    writer.add_feed_forward_length(c.intermediate_size)
+    writer.add_feed_forward_length(c.mlp.intermediate_size)
     writer.add_block_count(c.num_hidden_layers)
-    writer.add_head_count(c.num_attention_heads)
-    writer.add_head_count_kv(c.num_key_value_heads)
-    writer.add_layer_norm_rms_eps(c.rms_norm_eps)
-    writer.add_key_length(c.head_dim)
-    writer.add_value_length(c.head_dim)
+    writer.add_head_count(a.num_heads)
+    writer.add_head_count_kv(a.num_kv_heads)
+    writer.add_layer_norm_rms_eps(c.norms.eps)
+    writer.add_key_length(a.head_dim)
+    writer.add_value_length(a.head_dim)
     writer.add_bos_token_id(c.bos_token_id)
     writer.add_eos_token_id(c.eos_token_ids[0])
     global_rope = c.rope["full_attention"] if "full_attention" in c.rope else next(iter(c.rope.values()))
@@ -80,21 +83,21 @@ def convert(case: str | Path, path, tensor_type: str = "F32", *, skip: tuple[str
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(global_rope.factor)
     if arch not in ("gemma3", "gemma2"):
-        writer.add_rope_dimension_count(int(c.head_dim * global_rope.partial_rotary_factor))
+        writer.add_rope_dimension_count(int(a.head_dim * global_rope.partial_rotary_factor))
     if arch == "phi3":
         writer.add_rope_scaling_orig_ctx_len(global_rope.original_max_position_embeddings)
     if arch in ("phi3", "gemma3", "gemma2"):
         writer.add_sliding_window(c.sliding_window or 0)
     if c.final_logit_softcapping:
         writer.add_final_logit_softcapping(c.final_logit_softcapping)
-    if c.attn_logit_softcapping:
-        writer.add_attn_logit_softcapping(c.attn_logit_softcapping)
-    if c.moe is not None:
-        writer.add_expert_count(c.moe.num_experts)
-        writer.add_expert_used_count(c.moe.experts_per_token)
+    if a.softcap:
+        writer.add_attn_logit_softcapping(a.softcap)
+    if c.experts is not None:
+        writer.add_expert_count(c.experts.num_experts)
+        writer.add_expert_used_count(c.experts.experts_per_token)
         if arch == "qwen3moe":
-            writer.add_expert_feed_forward_length(c.moe.moe_intermediate_size)
-            writer.add_expert_weights_norm(c.moe.norm_topk_prob)
+            writer.add_expert_feed_forward_length(c.experts.moe_intermediate_size)
+            writer.add_expert_weights_norm(c.experts.norm_topk_prob)
     for key, value in (extra or {}).items():
         writer.add_string(key, value) if isinstance(value, str) else writer.add_uint32(key, value)
     if more is not None:
@@ -140,9 +143,9 @@ def _experts_stacked(source):
 def _converted(arch: str, c: ModelConfig, name: str, weights: np.ndarray) -> np.ndarray:
     """What convert_hf_to_gguf.py's modify_tensors does to a tensor before storing it."""
     if arch in ("llama", "smollm3") and ".q_proj." in name:
-        return permute(weights, c.num_attention_heads)  # LlamaModel.permute(data, n_head, n_head)
+        return permute(weights, c.attention.num_heads)  # LlamaModel.permute(data, n_head, n_head)
     if arch in ("llama", "smollm3") and ".k_proj." in name:
-        return permute(weights, c.num_key_value_heads)  # LlamaModel.permute(data, n_head, n_kv_head)
+        return permute(weights, c.attention.num_kv_heads)  # LlamaModel.permute(data, n_head, n_kv_head)
     if arch in ("gemma3", "gemma2") and name.endswith("norm.weight"):
         return weights + np.float32(1.0)  # Gemma3Model, Gemma2Model: data_torch + 1
     return weights
@@ -157,6 +160,11 @@ def _stored(weights: np.ndarray, tensor_type: str) -> tuple[np.ndarray, dict]:
         return (weights.astype(np.float16), {})
     qtype = gguf.GGMLQuantizationType[tensor_type]
     return (gguf.quants.quantize(weights, qtype), {"raw_dtype": qtype})
+
+
+def float32_eps(config: ModelConfig) -> ModelConfig:
+    """``config`` with its norms' epsilon rounded to float32, as a GGUF file stores it."""
+    return config.with_overrides(norms=replace(config.norms, eps=float(np.float32(config.norms.eps))))
 
 
 def greedy(model, ids: np.ndarray, new_tokens: int) -> list[int]:
@@ -182,8 +190,7 @@ def test_converted_fixture_is_the_hugging_face_model(case, tmp_path):
     model = refllm.load_model(convert(case, tmp_path / f"{case}.gguf", EXACT_CASES[case]))
     hf_model = refllm.load_model(DATA / case)
     # GGUF stores the epsilon as a float32; the norm computes in float32 either way.
-    eps = float(np.float32(hf_model.config.rms_norm_eps))
-    assert model.config == hf_model.config.with_overrides(rms_norm_eps=eps)
+    assert model.config == float32_eps(hf_model.config)
     reference = np.load(DATA / case / "reference.npz")
     ids = reference["input_ids"]
     np.testing.assert_array_equal(all_logits(model, ids), all_logits(hf_model, ids))
@@ -212,16 +219,17 @@ def test_gemma3_takes_the_hyper_parameters_its_gguf_omits_from_the_architecture(
     assert c.rope["sliding_attention"].theta == GEMMA3_LOCAL_ROPE_THETA
     assert c.rope["sliding_attention"].rope_type == "default"
     assert c.rope["full_attention"] == hf_config.rope["full_attention"]  # incl. linear scaling (softcap case)
-    assert c.attention_scale == c.head_dim**-0.5  # query_pre_attn_scalar = head_dim below 27B
-    assert (c.norm_weight_offset, c.sandwich_norms, c.qk_norm) == (1.0, True, True)
+    assert c.attention.scale == c.attention.head_dim**-0.5  # query_pre_attn_scalar = head_dim below 27B
+    assert (c.norms.weight_offset, c.norms.placement) == (1.0, NormPlacement.SANDWICH)
+    assert c.attention.qk_norm is QKNorm.PER_HEAD
     assert c.embedding_scale == hf_config.embedding_scale
     assert c.final_logit_softcapping == hf_config.final_logit_softcapping
     assert c.tie_word_embeddings
     # Everything else is the fixture's model: the same forward pass as its Hugging Face
     # checkpoint run with the hyper-parameters the GGUF implies.
-    expected = LlamaFamilyModel.load(HFDirectorySource(DATA / case))
-    expected = LlamaFamilyModel(
-        hf_config.with_overrides(layer_types=c.layer_types, rope=c.rope, attention_scale=c.attention_scale),
+    expected = DecoderModel.load(HFDirectorySource(DATA / case))
+    expected = DecoderModel(
+        hf_config.with_overrides(layer_types=c.layer_types, rope=c.rope, attention=c.attention),
         expected.weights,
     )
     ids = np.load(DATA / case / "reference.npz")["input_ids"]
@@ -488,12 +496,11 @@ def test_a_mixture_of_experts_gguf_is_the_safetensors_model(case, tmp_path):
     # llama files carry no sliding window (llama.cpp runs Mixtral without one): compare with the
     # safetensors' weights under the window the file implies
     c = safetensors.config
-    expected_config = c.with_overrides(
-        rms_norm_eps=float(np.float32(c.rms_norm_eps)), sliding_window=model.config.sliding_window,
-        layer_types=model.config.layer_types, rope=model.config.rope,
+    expected_config = float32_eps(c).with_overrides(
+        sliding_window=model.config.sliding_window, layer_types=model.config.layer_types, rope=model.config.rope
     )
     assert model.config == expected_config
-    expected = LlamaFamilyModel(expected_config, safetensors.weights)
+    expected = DecoderModel(expected_config, safetensors.weights)
     ids = np.random.default_rng(0).integers(0, c.vocab_size, size=(1, 20))
     np.testing.assert_array_equal(all_logits(model, ids), all_logits(expected, ids))
 
@@ -501,9 +508,9 @@ def test_a_mixture_of_experts_gguf_is_the_safetensors_model(case, tmp_path):
 def test_a_quantized_qwen3moe_gguf_keeps_its_router_in_blocks_and_dequantizes_its_stacked_experts(tmp_path):
     path = convert(_all_sparse_qwen3_moe(tmp_path / "hf"), tmp_path / "q.gguf", "Q8_0")
     quantized, dequantized = refllm.load_model(path, quantized=True), refllm.load_model(path)
-    assert quantized.config.moe.norm_topk_prob is False  # the file's expert_weights_norm
-    assert isinstance(quantized.weights.layers[0].router, QuantizedTensor)  # a matrix like any other
-    assert isinstance(quantized.weights.layers[0].experts[0].gate_proj, np.ndarray)  # 3-D: dequantized
+    assert quantized.config.experts.norm_topk_prob is False  # the file's expert_weights_norm
+    assert isinstance(quantized.weights.layers[0].mlp.router, QuantizedTensor)  # a matrix like any other
+    assert isinstance(quantized.weights.layers[0].mlp.experts[0].gate_proj, np.ndarray)  # 3-D: dequantized
     ids = np.random.default_rng(1).integers(0, quantized.config.vocab_size, size=(1, 12))
     np.testing.assert_allclose(all_logits(quantized, ids), all_logits(dequantized, ids), rtol=1e-4, atol=1e-4)
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import refllm
-from refllm import CacheConfig, InMemorySource, LlamaFamilyModel, ModelConfig
+from refllm import CacheConfig, InMemorySource, DecoderModel, ModelConfig
 from tests.hf_fixtures import CASES, DATA, LEGACY_CONFIGS, NEW_TOKENS, build_hf_model, hf_reference, prompt_ids
 
 ATOL = RTOL = 1e-4
@@ -64,7 +64,7 @@ def test_live_transformers_parity(name):
     hf_model = build_hf_model(name)
     config = ModelConfig.from_hf(json.loads(hf_model.config.to_json_string()))
     tensors = {k: v.detach().numpy() for k, v in hf_model.state_dict().items()}
-    model = LlamaFamilyModel.load(InMemorySource(config, tensors))
+    model = DecoderModel.load(InMemorySource(config, tensors))
     for seed in range(2):
         ids = np.random.default_rng(seed).integers(0, config.vocab_size, size=(1, 30))
         # A fresh transformers model per prompt: its dynamic RoPE keeps the longest

@@ -32,7 +32,7 @@ from refllm.kernels.int8_matmul import INT8_FORMATS, INT8_TOKENS, int8_matmul, i
 from refllm.kernels.intrinsics import sum16
 from refllm.kernels.quant_formats import FORMAT_CODES
 import refllm
-from refllm.models.llama import ModelDtypeError
+from refllm.models.decoder import ModelDtypeError
 from refllm.models.weights import weight_leaves
 from refllm.quant.formats import dequantize
 from refllm.quant.linear import QuantizedTensor, UnsupportedActivationsError

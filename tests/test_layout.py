@@ -9,9 +9,11 @@ longer than 400 lines.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import refllm
+from refllm.families import FAMILY_MODULES
 
 PACKAGE = Path(refllm.__file__).parent
 MAX_LINES = 400
@@ -19,7 +21,7 @@ MAX_LINES = 400
 # Bottom to top. A module's layer is that of the longest prefix of its dotted name listed here.
 LAYERS = [
     ("refllm.errors", "refllm.config", "refllm.config_checks", "refllm.rope_parameters", "refllm.moe_parameters",
-     "refllm.architectures", "refllm.progress"),
+     "refllm.families", "refllm.recipe", "refllm.progress"),
     ("refllm.nn",),
     ("refllm.kernels", "refllm.machine"),
     ("refllm.quant",),
@@ -104,3 +106,87 @@ def test_no_import_circles():
 def test_every_module_is_short():
     long = {module_name(path): n for path in FILES if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert long == {}
+
+
+def test_the_spec_imports_nothing_but_the_spec():
+    """nn/ is read alone: it imports no config parsing, no family, nothing of refllm outside nn/."""
+    outside = {f"{name} imports {target}" for name, targets in GRAPH.items() if name.startswith("refllm.nn")
+               for target in targets if not target.startswith("refllm.nn")}  # fmt: skip
+    assert outside == set()
+
+
+def listed_modules(doc: str) -> set[str]:
+    """The modules the first code block of docs/architecture.md names, as paths under refllm/ ("nn/rope.py";
+    a package as its folder, "nn/"). A line names modules when its first column (up to two spaces) is made of
+    names ending in ".py" or "/"; a name ending in "/" opens a package for the lines indented under it.
+    "<family>.py" stands for the family modules the registry names (a new family is its module and a line
+    there, not a line here too)."""
+    block = doc.split("```")[1]
+    listed, packages = set(), []  # packages: (indent, path) of the open folders
+    for line in block.splitlines()[2:]:  # past the language tag and the "refllm/" root
+        indent = len(line) - len(line.lstrip())
+        names = re.split(r"\s{2,}", line.strip())[0].split(" ")
+        if not line.strip() or not all(name.endswith((".py", "/")) for name in names):
+            continue  # a description carried over from the line above
+        packages = [(level, path) for level, path in packages if level < indent]
+        prefix = packages[-1][1] if packages else ""
+        listed |= {prefix + name for name in names if name != "<family>.py"}
+        listed |= {f"{prefix}{family}.py" for family in FAMILY_MODULES if "<family>.py" in names}
+        packages += [(indent, prefix + name) for name in names if name.endswith("/")]
+    return listed
+
+
+def test_the_architecture_doc_lists_every_module():
+    """docs/architecture.md names every module of refllm/, and nothing that is not one."""
+    tree = {str(path.relative_to(PACKAGE)) for path in FILES if path.name != "__init__.py"}
+    tree |= {str(path.relative_to(PACKAGE).parent) + "/" for path in FILES if path.name == "__init__.py"} - {"./"}
+    listed = listed_modules((PACKAGE.parent / "docs" / "architecture.md").read_text())
+    listed = {name for name in listed if not name.endswith("__init__.py")}  # a package's: named by its folder
+    assert {"missing from the doc": sorted(tree - listed), "not in the tree": sorted(listed - tree)} == {
+        "missing from the doc": [], "not in the tree": []
+    }
+
+
+# Family names as prose spells them (llama3 is a RoPE type, llama.cpp a program)
+FAMILY_NAME = re.compile(
+    r"\b(llama(?!3|\.cpp)|mistral|qwen|phi-?3|gemma|smollm|olmo|mixtral|deepseek|gpt[-_ ]?oss|granite|cohere|command-r|idefics|smolvlm|siglip)",
+    re.IGNORECASE,
+)
+
+
+def test_the_spec_names_no_family():
+    """nn/ is the math alone: which family uses what is its family module's to say (refllm/families/)."""
+    named = {f"{name}: {match.group(0)}" for name, path in MODULES.items() if name.startswith("refllm.nn")
+             for match in FAMILY_NAME.finditer(path.read_text())}  # fmt: skip
+    assert named == set()
+
+
+def hot_paths() -> dict[str, ast.FunctionDef]:
+    """The forward pass and what it calls per layer: DecoderModel._forward and every block's __call__ (a
+    vision-language model's connector too)."""
+    found = {}
+    blocks = ("refllm.models.decoder", "refllm.models.blocks", "refllm.models.attention", "refllm.models.connector")
+    for name in blocks:
+        for node in ast.walk(ast.parse(MODULES[name].read_text())):
+            if isinstance(node, ast.ClassDef):
+                for function in node.body:
+                    if isinstance(function, ast.FunctionDef) and function.name in ("__call__", "_forward"):
+                        found[f"{node.name}.{function.name}"] = function
+    return found
+
+
+def test_the_forward_pass_asks_no_family_anything():
+    """Every choice of a family's recipe is made at load, into the blocks: the forward pass and the blocks' calls
+    branch on nothing, read no config and name no family."""
+    paths = hot_paths()
+    assert {"DecoderModel._forward", "DecoderLayer.__call__", "GroupedQueryAttentionBlock.__call__"} <= set(paths)
+    asked = []
+    for name, function in paths.items():
+        for node in ast.walk(function):
+            if isinstance(node, (ast.If, ast.IfExp, ast.Match)):
+                asked.append(f"{name} branches at line {node.lineno}")
+            if isinstance(node, ast.Attribute) and node.attr in ("config", "recipe", "model_type"):
+                asked.append(f"{name} reads .{node.attr} at line {node.lineno}")
+        if FAMILY_NAME.search(ast.unparse(function)):
+            asked.append(f"{name} names a family")
+    assert asked == []

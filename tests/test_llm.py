@@ -18,6 +18,7 @@ from refllm.errors import (
     UnknownSequenceError,
 )
 from refllm.kv import OutOfBlocksError
+from refllm.models.decoder import DecoderModel
 from refllm.runtime.llm import LLM
 from tests.state import assert_same_state, snapshot
 from tests.test_model_properties import model_for
@@ -53,18 +54,20 @@ def test_decode_batch_of_ragged_sequences_equals_per_sequence_decode(arch):
 
 
 def test_decode_batch_applies_each_weight_once_to_the_whole_batch(monkeypatch):
-    llm = make_llm()
-    for i, n in enumerate([2, 5, 7]):
-        llm.prefill(i, list(range(n)))
+    plain = model_for("llama")
     rows_seen, forwards = [], []
-    real_linear, real_forward = llm.model.ops.linear, llm.model.forward_step
 
     def recording_linear(x, *args):
         rows_seen.append(x.shape[:-1])
-        return real_linear(x, *args)
+        return plain.ops.linear(x, *args)
 
     # every projection (attention, MLP, LM head) goes through the op set's linear
-    monkeypatch.setattr(llm.model, "ops", dataclasses.replace(llm.model.ops, linear=recording_linear))
+    ops = dataclasses.replace(plain.ops, linear=recording_linear)
+    llm = LLM(DecoderModel(plain.config, plain.weights, ops=ops), CacheConfig(block_size=4, num_blocks=96))
+    for i, n in enumerate([2, 5, 7]):
+        llm.prefill(i, list(range(n)))
+    rows_seen.clear()
+    real_forward = llm.model.forward_step
     monkeypatch.setattr(llm.model, "forward_step", lambda *a: forwards.append(1) or real_forward(*a))
     llm.decode_batch([(0, 1, 2), (1, 2, 5), (2, 3, 7)])
     assert len(forwards) == 1

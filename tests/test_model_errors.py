@@ -160,5 +160,5 @@ def test_directory_without_tokenizer_loads_with_none():
 
 def test_float32_weights_are_memory_mapped_not_copied():
     model = refllm.load_model(DATA / "llama")
-    weight = model.weights.layers[0].q_proj
+    weight = model.weights.layers[0].attention.q_proj
     assert not weight.flags.owndata and not weight.flags.writeable

@@ -14,19 +14,18 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 import refllm
-from refllm import CacheConfig, InMemorySource, LlamaFamilyModel, ModelConfig
+from refllm import CacheConfig, InMemorySource, DecoderModel, ModelConfig
 from refllm.errors import ConfigError
 from refllm.io.safetensors import HFDirectorySource
 from refllm.memory import weight_bytes
-from refllm.models.moe_layer import mixture_of_experts, route
+from refllm.models.blocks import SparseMLP
+from refllm.models.ops import fast_ops
 from refllm.models.random import random_tensors
 from refllm.nn.attention import attention, softmax, softmax_with_sink
-from refllm.nn.mlp import clamped_swiglu
+from refllm.nn.mlp import MLPWeights, clamped_swiglu, gated_mlp
 from refllm.nn.moe import (
-    Expert,
     experts_forward,
     softmax_then_topk,
-    swiglu_expert,
     top_k,
     topk_then_softmax,
 )
@@ -69,11 +68,11 @@ def test_top_k_orders_by_score_and_breaks_ties_towards_the_lower_id():
 def test_the_experts_loop_is_the_weighted_sum_of_every_chosen_expert():
     rng = np.random.default_rng(0)
     D, M, X, T, k = 6, 5, 4, 7, 2
-    experts = [Expert(rng.normal(size=(M, D)), rng.normal(size=(M, D)), rng.normal(size=(D, M))) for _ in range(X)]
+    experts = [MLPWeights(rng.normal(size=(M, D)), rng.normal(size=(M, D)), rng.normal(size=(D, M))) for _ in range(X)]
     x = rng.normal(size=(T, D))
     ids, weights = softmax_then_topk(rng.normal(size=(T, X)), k, renormalize=False)
     expected = np.stack(
-        [sum(weights[t, i] * swiglu_expert(x[t : t + 1], experts[ids[t, i]])[0] for i in range(k)) for t in range(T)]
+        [sum(weights[t, i] * gated_mlp(x[t : t + 1], experts[ids[t, i]])[0] for i in range(k)) for t in range(T)]
     )
     np.testing.assert_allclose(experts_forward(x, ids, weights, experts), expected, rtol=1e-12)
 
@@ -86,7 +85,7 @@ def test_an_expert_no_token_chose_is_never_read():
         read.append(expert)
         return rows * 2
 
-    experts = [Expert(*[rng.normal(size=(2, 2))] * 3) for _ in range(5)]
+    experts = [MLPWeights(*[rng.normal(size=(2, 2))] * 3) for _ in range(5)]
     experts_forward(rng.normal(size=(3, 2)), np.array([[4, 1], [1, 4], [4, 1]]), np.ones((3, 2)), experts, mlp)
     assert read == [experts[1], experts[4]]
 
@@ -162,7 +161,7 @@ def test_parameter_counts_count_every_expert_and_the_active_ones():
     weights = refllm.load_model(DATA / "mixtral").weights
     assert weights.nbytes() == 4 * config.num_parameters  # float32: every expert is held
     assert weight_bytes(HFDirectorySource(DATA / "mixtral"), quantized=False) == weights.nbytes()  # the estimate
-    D, M, X, k, L = config.hidden_size, config.moe.moe_intermediate_size, 4, 2, config.num_hidden_layers
+    D, M, X, k, L = config.hidden_size, config.experts.moe_intermediate_size, 4, 2, config.num_hidden_layers
     assert config.num_parameters - config.active_parameters == L * (X - k) * 3 * D * M
     dense = ModelConfig.from_hf(_config_json("llama"))
     assert dense.active_parameters == dense.num_parameters
@@ -183,7 +182,7 @@ def _fused(tensors: dict, config: ModelConfig) -> dict:
         p = f"model.layers.{i}."
         moe_prefix = p + ("block_sparse_moe." if config.model_type == "mixtral" else "mlp.")
         names = ("w1", "w3", "w2") if config.model_type == "mixtral" else ("gate_proj", "up_proj", "down_proj")
-        X = config.moe.num_experts
+        X = config.experts.num_experts
         expert = [[tensors[f"{moe_prefix}experts.{e}.{n}.weight"] for n in names] for e in range(X)]
         fused[p + "mlp.gate.weight"] = tensors[moe_prefix + "gate.weight"]
         fused[p + "mlp.experts.gate_up_proj"] = np.stack([np.concatenate([g, u]) for g, u, _ in expert])
@@ -196,7 +195,7 @@ def test_per_expert_and_fused_layouts_load_the_same_model(name):
     source = HFDirectorySource(DATA / name)
     tensors = {n: source.tensor(n) for n in source.tensor_names()}
     assert any(".experts.0." in n for n in tensors)  # the Hub's layout, as save_pretrained wrote it
-    fused = LlamaFamilyModel.load(InMemorySource(source.config, _fused(tensors, source.config)))
+    fused = DecoderModel.load(InMemorySource(source.config, _fused(tensors, source.config)))
     reference = np.load(DATA / name / "reference.npz")
     np.testing.assert_allclose(all_logits(fused, reference["input_ids"]), reference["logits"], ATOL, RTOL)
 
@@ -240,18 +239,17 @@ def test_llm_decode_batch_and_greedy_match_single_runs_and_transformers(name):
 # --- each mechanism shows in the logits ---------------------------------------------------------
 
 
-def _moe_changed(name: str, **changes) -> LlamaFamilyModel:
+def _moe_changed(name: str, **changes) -> DecoderModel:
     source = HFDirectorySource(DATA / name)
-    config = source.config.with_overrides(moe=replace(source.config.moe, **changes))
+    config = source.config.with_overrides(experts=replace(source.config.experts, **changes))
     tensors = {n: source.tensor(n) for n in source.tensor_names()}
-    return LlamaFamilyModel.load(InMemorySource(config, tensors))
+    return DecoderModel.load(InMemorySource(config, tensors))
 
 
-def _without_sinks(name: str) -> LlamaFamilyModel:
+def _without_sinks(name: str) -> DecoderModel:
     model = refllm.load_model(DATA / name)
-    for layer in model.weights.layers:
-        layer.sinks = None
-    return model
+    layers = [replace(layer, attention=replace(layer.attention, sinks=None)) for layer in model.weights.layers]
+    return DecoderModel(model.config, replace(model.weights, layers=layers))
 
 
 MECHANISMS = {
@@ -277,8 +275,8 @@ def test_each_mechanism_changes_the_logits(mechanism):
 def test_gpt_oss_router_bias_changes_the_logits():
     reference = np.load(DATA / "gpt_oss" / "reference.npz")
     model = refllm.load_model(DATA / "gpt_oss")
-    for layer in model.weights.layers:
-        layer.router_bias = None
+    layers = [replace(layer, mlp=replace(layer.mlp, router_bias=None)) for layer in model.weights.layers]
+    model = DecoderModel(model.config, replace(model.weights, layers=layers))
     changed = all_logits(model, reference["input_ids"])
     assert np.abs(changed - reference["logits"]).max() > 100 * (ATOL + RTOL * np.abs(reference["logits"]).max())
 
@@ -309,7 +307,7 @@ def test_fast_ops_run_the_experts_as_the_spec_does(config_json, seed, kind):
     tokens = np.random.default_rng(seed).integers(0, config.vocab_size, size=(1, 12))
 
     def logits(dtype, reference, kind):
-        model = LlamaFamilyModel.load(InMemorySource(config, tensors), dtype, reference)
+        model = DecoderModel.load(InMemorySource(config, tensors), dtype, reference)
         cache = model.create_kv_cache(CacheConfig(kind=kind, block_size=4))
         rows = list(model.prefill_all_logits(tokens[:, :8], cache, range(8))[0])
         return np.stack(rows + [model.decode(tokens[:, [t]], cache)[0] for t in range(8, 12)])
@@ -319,29 +317,32 @@ def test_fast_ops_run_the_experts_as_the_spec_does(config_json, seed, kind):
     assert relative_error(fast, spec) <= ROUNDING_MULTIPLE * max(relative_error(spec, truth), ULP_FLOOR)
 
 
-def weights_read_by_a_decode_step(model) -> set[int]:
-    """The ids of every weight the op set's linear reads in one decode step after a four-token prompt."""
-    cache = model.create_kv_cache()
-    model.prefill(np.array([[5, 9, 33, 2]]), cache, range(4))
-    read = set()
-    linear = model.ops.linear
+def weights_read_by_a_decode_step(path) -> tuple[DecoderModel, set[int]]:
+    """The model at ``path``, and the ids of every weight its op set's linear reads in one decode step after a
+    four-token prompt."""
+    read, recording = set(), []
+    linear = fast_ops().linear
 
     def recording_linear(x, weight, bias=None):
-        read.add(id(weight))
+        if recording:
+            read.add(id(weight))
         return linear(x, weight, bias)
 
-    model.ops = replace(model.ops, linear=recording_linear)
+    model = DecoderModel.load(HFDirectorySource(path), ops=replace(fast_ops(), linear=recording_linear))
+    cache = model.create_kv_cache()
+    model.prefill(np.array([[5, 9, 33, 2]]), cache, range(4))
+    recording.append(True)
     model.decode(np.array([[7]]), cache)
-    return read
+    return model, read
 
 
 def test_a_decode_step_reads_only_the_chosen_experts():
-    model = refllm.load_model(DATA / "mixtral")
-    read = weights_read_by_a_decode_step(model)
+    model, read = weights_read_by_a_decode_step(DATA / "mixtral")
     for layer in model.weights.layers:
-        touched = [e for e, expert in enumerate(layer.experts) if id(expert.gate_proj) in read]
-        assert len(touched) == model.config.moe.experts_per_token  # 2 of 4: the others' weights stay unread
-        assert all({id(layer.experts[e].up_proj), id(layer.experts[e].down_proj)} <= read for e in touched)
+        experts = layer.mlp.experts
+        touched = [e for e, expert in enumerate(experts) if id(expert.gate_proj) in read]
+        assert len(touched) == model.config.experts.experts_per_token  # 2 of 4: the others' weights stay unread
+        assert all({id(experts[e].up_proj), id(experts[e].down_proj)} <= read for e in touched)
 
 
 @pytest.mark.parametrize("name", MOE_CASES)
@@ -352,15 +353,19 @@ def test_no_fixture_token_is_routed_by_float_rounding(name):
     model = refllm.load_model(DATA / name, reference=True)
     gaps = []
 
-    def recording_route(router_logits, moe):
-        ordered = np.sort(router_logits, axis=-1)[:, ::-1]
-        gaps.append(ordered[:, moe.experts_per_token - 1] - ordered[:, moe.experts_per_token])
-        return route(router_logits, moe)
+    k = model.config.experts.experts_per_token
 
-    dense_mlp = model.mlp
-    model.mlp = lambda w, h: (
-        dense_mlp(w, h) if w.experts is None else mixture_of_experts(h, w, model.config, model.ops, recording_route)
-    )
+    def recording(route):
+        def recording_route(router_logits):
+            ordered = np.sort(router_logits, axis=-1)[:, ::-1]
+            gaps.append(ordered[:, k - 1] - ordered[:, k])
+            return route(router_logits)
+
+        return recording_route
+
+    for layer in model.layers:
+        if isinstance(layer.mlp, SparseMLP):
+            layer.mlp.route = recording(layer.mlp.route)
     ids = np.concatenate([reference["input_ids"], reference["greedy"][None]], axis=1)
     all_logits(model, ids)
     assert min(gap.min() for gap in gaps) > 1e-3

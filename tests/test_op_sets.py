@@ -25,7 +25,7 @@ import refllm
 from refllm.config import ModelConfig
 from refllm.kv import CacheConfig
 from refllm.models.contract import InMemorySource
-from refllm.models.llama import LlamaFamilyModel, ModelDtypeError
+from refllm.models.decoder import DecoderModel, ModelDtypeError
 from refllm.models.random import random_tensors
 from refllm.testing.truth import relative_error
 
@@ -66,12 +66,12 @@ def test_a_spec_forward_calls_no_compiled_function():
     assert out.split() == ["spec", "False"]
 
 
-def model(name: str, dtype: str = "float32", reference: bool | None = None, seed: int = 0) -> LlamaFamilyModel:
+def model(name: str, dtype: str = "float32", reference: bool | None = None, seed: int = 0) -> DecoderModel:
     config = ModelConfig.from_hf(json.loads((HF / name / "config.json").read_text()))
-    return LlamaFamilyModel.load(InMemorySource(config, random_tensors(config, seed)), dtype, reference)
+    return DecoderModel.load(InMemorySource(config, random_tensors(config, seed)), dtype, reference)
 
 
-def logits_over(m: LlamaFamilyModel, kind: str, tokens: list[int], prompt: int) -> np.ndarray:
+def logits_over(m: DecoderModel, kind: str, tokens: list[int], prompt: int) -> np.ndarray:
     """Prefill ``prompt`` tokens (all logits), then decode the rest one at a time -> [T, V]."""
     cache = m.create_kv_cache(CacheConfig(kind=kind, block_size=4))
     rows = list(m.prefill_all_logits(np.array([tokens[:prompt]]), cache, range(prompt))[0])
@@ -103,7 +103,7 @@ def test_the_rounding_bound_catches_a_dropped_bias():
     spec = logits_over(model("qwen2", reference=True), "contiguous", tokens, 4)
     broken = model("qwen2", reference=False)
     for layer in broken.weights.layers:
-        layer.q_proj_bias = layer.k_proj_bias = layer.v_proj_bias = None
+        layer.attention.q_proj_bias = layer.attention.k_proj_bias = layer.attention.v_proj_bias = None
     fast = logits_over(broken, "paged", tokens, 4)
     assert relative_error(fast, spec) > 100 * ROUNDING_MULTIPLE * relative_error(spec, truth)
 
@@ -115,7 +115,7 @@ def test_float64_runs_every_step_in_float64():
     cache = m.create_kv_cache()
     assert m.prefill_hidden(np.array([[1, 2]]), cache, range(2)).dtype == np.float64
     assert m.decode_all_logits(np.array([[3, 4]]), cache).dtype == np.float64
-    assert m.rope_tables["full_attention"].lookup(np.array([[5]]))[0].dtype == np.float64
+    assert m.layers[0].attention.rotation.angles(np.array([[5]]))[0].dtype == np.float64
 
 
 def test_float64_runs_under_the_runtime():
@@ -141,9 +141,9 @@ def test_combinations_that_cannot_run_are_refused_before_loading(keywords):
 
 def test_a_float64_model_refuses_float32_weights():
     config = ModelConfig.from_hf(json.loads((HF / "llama" / "config.json").read_text()))
-    weights = LlamaFamilyModel.load(InMemorySource(config, random_tensors(config))).weights
+    weights = DecoderModel.load(InMemorySource(config, random_tensors(config))).weights
     with pytest.raises(ModelDtypeError, match="float64 weights"):
-        LlamaFamilyModel(config, weights, dtype="float64")
+        DecoderModel(config, weights, dtype="float64")
 
 
 

@@ -100,7 +100,7 @@ def test_plain_function_checks_raise_with_an_explanation():
     tokens = list(range(3, 15))
     check_logits(refllm_paged(checkpoint), checkpoint, tokens)
     check_greedy(refllm_paged(checkpoint), checkpoint, tokens[:4], new_tokens=16)
-    with pytest.raises(ConformanceFailure, match="window 5") as failure:
+    with pytest.raises(ConformanceFailure, match="sliding window: 5") as failure:
         check_logits(mutants.sliding_window_off_by_one(checkpoint), checkpoint, tokens)
     assert "logits at position 5" in str(failure.value)  # the first position that sees past the window
     assert "case:" in str(failure.value)  # no module:factory given, so the case JSON instead of a repro line
@@ -215,14 +215,15 @@ def test_strategies_reach_every_architecture_and_flag():
     @given(hf_configs())
     def collect(config):
         c = ModelConfig.from_hf(config)
-        group = c.num_attention_heads // c.num_key_value_heads
-        seen.update({c.model_type, f"group {group}", f"eps {c.rms_norm_eps:g}"})
+        a = c.attention
+        group = a.num_heads // getattr(a, "num_kv_heads", a.num_heads)  # latent attention: a key per head
+        seen.update({c.model_type, f"group {group}", f"eps {c.norms.eps:g}"})
         seen.update(p.rope_type for p in c.rope.values())
-        flags = dict(bias=c.qkv_bias, mlp_bias=c.mlp_bias, tied=c.tie_word_embeddings, cap=c.final_logit_softcapping)
+        flags = dict(bias=a.bias, mlp_bias=c.mlp.bias, tied=c.tie_word_embeddings, cap=c.final_logit_softcapping)
         seen.update(name for name, on in flags.items() if on)
         if c.sliding_window is not None and "sliding_attention" in c.layer_types:
             seen.add("window")
-        if c.head_dim * c.num_attention_heads != c.hidden_size:
+        if a.rope_dim * a.num_heads != c.hidden_size:
             seen.add("own head dim")
 
     collect()

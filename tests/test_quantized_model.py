@@ -19,6 +19,8 @@ Tolerances, measured and then given a margin:
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import warnings
 
@@ -27,9 +29,9 @@ import numpy as np
 import pytest
 
 import refllm
-from refllm import CacheConfig, LlamaFamilyModel
+from refllm import CacheConfig, DecoderModel
 from refllm.io.safetensors import HFDirectorySource
-from refllm.models.weights import LayerWeights, ModelWeights, assemble, weight_bytes_by_format
+from refllm.models.weights import ModelWeights, assemble, weight_bytes_by_format
 from refllm.quant.formats import UnsupportedFormatError
 from refllm.quant.linear import QuantizedTensor, RequantizedSource
 from refllm.testing.greedy import compare_greedy_outputs, top_candidates
@@ -48,10 +50,17 @@ PROMPT = np.array([[3, 17, 42, 99, 5, 64, 7, 21]])
 def dequantized(weights: ModelWeights) -> ModelWeights:
     """The same weights with every QuantizedTensor dequantized by the spec (a tied table stays tied)."""
 
-    def plain(array):
-        return array.dequantize() if isinstance(array, QuantizedTensor) else array
+    def plain(value):  # a weight, or a dataclass or list of them
+        if isinstance(value, QuantizedTensor):
+            return value.dequantize()
+        if isinstance(value, list):
+            return [plain(item) for item in value]
+        if dataclasses.is_dataclass(value):
+            parts = {field.name: plain(getattr(value, field.name)) for field in dataclasses.fields(value)}
+            return dataclasses.replace(value, **parts)
+        return value
 
-    layers = [LayerWeights(**{k: plain(v) for k, v in vars(layer).items()}) for layer in weights.layers]
+    layers = [plain(layer) for layer in weights.layers]
     embed = plain(weights.embed_tokens)
     lm_head = embed if weights.lm_head is weights.embed_tokens else plain(weights.lm_head)
     return ModelWeights(embed_tokens=embed, norm=weights.norm, lm_head=lm_head, layers=layers)
@@ -94,7 +103,7 @@ def test_gguf_model_kept_quantized_matches_its_dequantized_self(case, tensor_typ
     path = convert(case, tmp_path / "model.gguf", tensor_type)
     quantized = refllm.load_model(path, quantized=True)
     plain = refllm.load_model(path)
-    assert isinstance(quantized.weights.layers[0].down_proj, QuantizedTensor)
+    assert isinstance(quantized.weights.layers[0].mlp.down_proj, QuantizedTensor)
     assert isinstance(quantized.weights.embed_tokens, QuantizedTensor)
     assert quantized.weights.nbytes() < plain.weights.nbytes() / 2
     assert_same_model(quantized, plain)
@@ -118,7 +127,7 @@ def test_requantized_checkpoint_matches_its_dequantized_self(case, quantize):
     quantized = refllm.load_model(HF_DATA / case, quantize=quantize)
     source = RequantizedSource(HFDirectorySource(HF_DATA / case), quantize)
     assert set(weight_bytes_by_format(quantized.weights)) == {quantize.upper(), "F32"}
-    plain = LlamaFamilyModel(source.config, dequantized(assemble(source.config, source)))
+    plain = DecoderModel(source.config, dequantized(assemble(source.config, source)))
     assert_same_model(quantized, plain)
 
 

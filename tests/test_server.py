@@ -28,7 +28,7 @@ from refllm.commands.serve import add_cli, model_id
 from refllm.config import ModelConfig
 from refllm.io.tokenizer import Tokenizer
 from refllm.models.contract import InMemorySource
-from refllm.models.llama import LlamaFamilyModel
+from refllm.models.decoder import DecoderModel
 from refllm.models.random import random_tensors
 from refllm.runtime.configurable_executor import ConfigurableModelExecutor
 from refllm.runtime.engine import Engine
@@ -47,7 +47,7 @@ HELLO = [{"role": "user", "content": "hello world"}]
 
 
 @pytest.fixture(scope="module")
-def model() -> LlamaFamilyModel:
+def model() -> DecoderModel:
     tokenizer = Tokenizer(byte_level_backend(), eos_token="<|im_end|>", chat_template=CHATML)
     config = ModelConfig.from_hf(
         dict(
@@ -61,7 +61,7 @@ def model() -> LlamaFamilyModel:
             max_position_embeddings=CONTEXT,
         )
     )
-    return LlamaFamilyModel.load(InMemorySource(config, random_tensors(config, seed=3), tokenizer))
+    return DecoderModel.load(InMemorySource(config, random_tensors(config, seed=3), tokenizer))
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ import pytest
 
 import refllm
 from refllm.kv import CacheConfig
-from refllm.models.moe_layer import route
 from refllm.nn.attention import attention, attention_weights
+from refllm.nn.moe import softmax_then_topk
 from refllm.tracing import FINAL, compare, trace
 from tests.hf_fixtures import DATA
 
@@ -36,9 +36,9 @@ def test_a_trace_is_the_forward_pass_of_the_spec_ops_layer_by_layer(family):
     np.testing.assert_array_equal(traced.layers[0].residual, embedded)  # layer 0 reads the embeddings
     for layer in traced.layers:
         weights = layer.attention
-        assert weights.shape == (model.config.num_attention_heads, len(IDS), len(IDS))
+        assert weights.shape == (model.config.attention.num_heads, len(IDS), len(IDS))
         assert np.all(np.triu(weights, 1) == 0)  # causal: nothing after the query
-        if not model.config.attention_sinks:
+        if not getattr(model.config.attention, "sinks", False):  # latent attention has none
             np.testing.assert_allclose(weights.sum(-1), 1, rtol=1e-5)
         assert layer.ops and all(op.layer == layer.index for op in layer.ops)
     assert [op.layer for op in traced.ops][-2:] == [FINAL, FINAL] and traced.ops[-1].weight == "lm_head"
@@ -52,14 +52,14 @@ def test_the_attention_map_is_the_one_the_recorded_queries_and_keys_give():
     layer = traced.layers[1]
     q, k = [op.output for op in layer.ops if op.name == "apply_rope"]  # queries and keys after RoPE
     v = next(op.output for op in layer.ops if op.weight and op.weight.endswith("v_proj")).reshape(
-        1, len(IDS), c.num_key_value_heads, c.head_dim
+        1, len(IDS), c.attention.num_kv_heads, c.attention.head_dim
     )
     positions = np.arange(len(IDS))
     window = c.window_for_layer(1)
-    expected = attention_weights(q[0], k[0], positions, c.attention_scale, window)
+    expected = attention_weights(q[0], k[0], positions, c.attention.scale, window)
     np.testing.assert_array_equal(layer.attention, expected)
     out = next(op.output for op in layer.ops if op.name == "attention")
-    np.testing.assert_array_equal(out, attention(q[0], k[0], v[0], positions, c.attention_scale, window))
+    np.testing.assert_array_equal(out, attention(q[0], k[0], v[0], positions, c.attention.scale, window))
 
 
 def test_routes_are_the_routing_of_the_recorded_router_logits():
@@ -68,10 +68,11 @@ def test_routes_are_the_routing_of_the_recorded_router_logits():
     sparse = [layer for layer in traced.layers if model.config.is_sparse(layer.index)]
     assert sparse and all(layer.experts is not None for layer in sparse)
     for layer in sparse:
-        ids, weights = route(layer.router_logits, model.config.moe)
+        experts = model.config.experts  # qwen3_moe: softmax over all experts, then the top k, renormalised
+        ids, weights = softmax_then_topk(layer.router_logits, experts.experts_per_token, experts.norm_topk_prob)
         np.testing.assert_array_equal(layer.experts[0], ids)
         np.testing.assert_array_equal(layer.experts[1], weights)
-        assert layer.experts[0].shape == (len(IDS), model.config.moe.experts_per_token)
+        assert layer.experts[0].shape == (len(IDS), model.config.experts.experts_per_token)
 
 
 def test_the_logit_lens_is_each_layers_residual_through_the_final_norm_and_head():
@@ -82,8 +83,8 @@ def test_the_logit_lens_is_each_layers_residual_through_the_final_norm_and_head(
     for layer in range(model.config.num_hidden_layers):
         residual = traced.residual_after(layer)[[2, 6]].astype(np.float64)
         c = model.config
-        normed = residual / np.sqrt((residual**2).mean(-1, keepdims=True) + c.rms_norm_eps)
-        normed = normed * (model.weights.norm.astype(np.float64) + c.norm_weight_offset)
+        normed = residual / np.sqrt((residual**2).mean(-1, keepdims=True) + c.norms.eps)
+        normed = normed * (model.weights.norm.astype(np.float64) + c.norms.weight_offset)
         logits = normed @ model.weights.lm_head.astype(np.float64).T
         np.testing.assert_array_equal(ids[layer], np.argsort(-logits, axis=-1)[:, :3])
         expected = np.exp(logits - logits.max(-1, keepdims=True))

@@ -20,7 +20,7 @@ import refllm
 from refllm import CacheConfig
 from refllm.errors import ImageError
 from refllm.io.safetensors import HFDirectorySource
-from refllm.models.llama import LlamaFamilyModel
+from refllm.models.decoder import DecoderModel
 from tests.hf_vision_fixtures import DATA, NEW_TOKENS, SCENARIOS
 
 ATOL = RTOL = 1e-4  # logits
@@ -86,7 +86,7 @@ def test_logits_and_greedy_tokens_match_transformers(models, case, scenario, kin
 @pytest.mark.parametrize("case", list(SCENARIOS))
 def test_a_text_prompt_gives_exactly_the_text_models_logits(case):
     vision_model = refllm.load_model(DATA / case, reference=True)
-    text_model = LlamaFamilyModel.load(HFDirectorySource(DATA / case), reference=True)
+    text_model = DecoderModel.load(HFDirectorySource(DATA / case), reference=True)
     ref = reference(case, "text_only")
     ids = ref["input_ids"][None]
     cache = text_model.create_kv_cache(CacheConfig(kind="contiguous"))
@@ -112,10 +112,11 @@ def gelu_erf(x):
     return 0.5 * x * (1 + np.vectorize(erf)(x / sqrt(2)))
 
 
-def connect_without_norm(features, w, config, ops):
+def pool_without_norm(connector, features):
+    """PooledConnector.__call__ with the soft-embedding norm left out."""
     from refllm.nn.image_tokens import average_pool
 
-    return average_pool(features, config.scale) @ w.projection
+    return average_pool(features, connector.scale) @ connector.projection
 
 
 SWITCHED_OFF = {
@@ -123,7 +124,7 @@ SWITCHED_OFF = {
     "no position embeddings": ("idefics3", "refllm.models.vision_tower.position_embedding",
                                lambda mask, table: np.zeros((*mask.reshape(len(mask), -1).shape, table.shape[1]))),
     "GELU without the tanh approximation": ("idefics3", "refllm.models.vision_tower.gelu_tanh", gelu_erf),
-    "no soft-embedding norm": ("gemma3_vision", "refllm.models.multimodal.connect", connect_without_norm),
+    "no soft-embedding norm": ("gemma3_vision", "refllm.models.connector.PooledConnector.__call__", pool_without_norm),
 }  # fmt: skip
 
 

@@ -92,7 +92,7 @@ def test_the_page_chats_streaming_and_shows_inside_the_model(model, server):
     traced = trace(model, prompt + answer_ids)
     lens_ids, _ = traced.logit_lens(1, np.arange(len(prompt) - 1, len(prompt) + len(answer_ids) - 1))
     assert lens_rows == layer_options == len(traced.layers) == model.config.num_hidden_layers
-    assert len(heads) == traced.layers[-1].attention.shape[0] == model.config.num_attention_heads
+    assert len(heads) == traced.layers[-1].attention.shape[0] == model.config.attention.num_heads
     assert {layer for layer, _ in heads} == {str(len(traced.layers) - 1)} and drawn
     assert last_row == [model.tokenizer.decode([int(i)]) for i in lens_ids[-1, :, 0]]
 

@@ -32,9 +32,10 @@ c = ModelConfig.from_hf(dict(
 ))
 # Weights drawn from N(0, 0.3): wider than a trained model's, so attention has clear favourites.
 model = random_model(c, seed=0, std=0.3)
-w = model.weights  # every tensor, named as in the checkpoint
-D, H, K, E = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
-F, V = c.intermediate_size, c.vocab_size
+w = model.weights  # every tensor, put where its role says (refllm/models/weights.py)
+a = c.attention  # the recipe's attention: grouped-query, its heads and options (refllm/recipe.py)
+D, H, K, E = c.hidden_size, a.num_heads, a.num_kv_heads, a.head_dim
+F, V = c.mlp.intermediate_size, c.vocab_size
 print(f"D={D} H={H} K={K} E={E} F={F} V={V} L={c.num_hidden_layers}")
 
 # %% [markdown]
@@ -62,8 +63,8 @@ assert np.array_equal(x[0, 1], w.embed_tokens[17])  # position 1 holds token 17'
 
 # %%
 layer = w.layers[0]
-h = rms_norm(x, layer.input_layernorm, c.rms_norm_eps)  # [B, T, D]
-unit = rms_norm(x, np.ones(D, np.float32), c.rms_norm_eps)
+h = rms_norm(x, layer.attention_norm, c.norms.eps)  # [B, T, D]
+unit = rms_norm(x, np.ones(D, np.float32), c.norms.eps)
 print("h", h.shape, "  rms of each position before w:", np.sqrt(np.mean(unit**2, axis=-1)).round(4))
 
 # %% [markdown]
@@ -73,9 +74,10 @@ print("h", h.shape, "  rms of each position before w:", np.sqrt(np.mean(unit**2,
 # There are `H` query heads but only `K` key/value heads (grouped-query attention).
 
 # %%
-q = linear(h, layer.q_proj, layer.q_proj_bias).reshape(B, T, H, E)
-k = linear(h, layer.k_proj, layer.k_proj_bias).reshape(B, T, K, E)
-v = linear(h, layer.v_proj, layer.v_proj_bias).reshape(B, T, K, E)
+attn = layer.attention  # q/k/v/o projections [out, in] and their biases
+q = linear(h, attn.q_proj, attn.q_proj_bias).reshape(B, T, H, E)
+k = linear(h, attn.k_proj, attn.k_proj_bias).reshape(B, T, K, E)
+v = linear(h, attn.v_proj, attn.v_proj_bias).reshape(B, T, K, E)
 print("q", q.shape, " k", k.shape, " v", v.shape)
 
 # %% [markdown]
@@ -112,14 +114,14 @@ group = H // K
 q0, k0, v0 = q_rot[0], k_rot[0], v[0]  # batch row 0: [T, H, E], [S, K, E], [S, K, E]
 k_heads = np.repeat(k0, group, axis=1)  # [S, H, E]: query head h reads KV head h // group
 v_heads = np.repeat(v0, group, axis=1)
-scores = q0.transpose(1, 0, 2) @ k_heads.transpose(1, 2, 0) * np.float32(c.attention_scale)  # [H, T, S]
+scores = q0.transpose(1, 0, 2) @ k_heads.transpose(1, 2, 0) * np.float32(a.scale)  # [H, T, S]
 allowed = attention_mask(positions[0], T)  # [T, S]: key j visible from query t when j <= t
 weights = softmax(np.where(allowed, scores, -np.inf))  # [H, T, S], each row sums to 1
 out = (weights @ v_heads.transpose(1, 0, 2)).transpose(1, 0, 2)  # [H, T, E] -> [T, H, E]
 print("scores", scores.shape, " weights", weights.shape, " out", out.shape)
 
 np.testing.assert_allclose(weights.sum(axis=-1), 1.0, rtol=1e-6)
-np.testing.assert_allclose(out, attention(q0, k0, v0, positions[0], c.attention_scale), rtol=1e-5, atol=1e-6)
+np.testing.assert_allclose(out, attention(q0, k0, v0, positions[0], a.scale), rtol=1e-5, atol=1e-6)
 
 # %% [markdown]
 # Each panel is one head: row `t` shows how much the word at `t` takes from each word
@@ -146,9 +148,9 @@ plt.show()
 # *added* to `x`: $x \leftarrow x + a W_o^\top$.
 
 # %%
-a = out.reshape(B, T, H * E)
-x1 = x + linear(a, layer.o_proj, layer.o_proj_bias)  # [B, T, D]
-print("a", a.shape, "-> x", x1.shape)
+heads = out.reshape(B, T, H * E)
+x1 = x + linear(heads, attn.o_proj, attn.o_proj_bias)  # [B, T, D]
+print("heads", heads.shape, "-> x", x1.shape)
 
 # %% [markdown]
 # ## 7. The gated MLP
@@ -160,27 +162,28 @@ print("a", a.shape, "-> x", x1.shape)
 # the result is added to the residual stream.
 
 # %%
-h = rms_norm(x1, layer.post_attention_layernorm, c.rms_norm_eps)
-print("gate(h)", linear(h, layer.gate_proj).shape)  # [B, T, F]
-x2 = x1 + gated_mlp(h, layer.gate_proj, layer.up_proj, layer.down_proj, c.hidden_act)
+h = rms_norm(x1, layer.mlp_norm, c.norms.eps)
+print("gate(h)", linear(h, layer.mlp.gate_proj).shape)  # [B, T, F]
+x2 = x1 + gated_mlp(h, layer.mlp)  # SwiGLU: the activation Llama's config names (c.mlp.activation)
 print("after layer 0: x", x2.shape)
 
 # %% [markdown]
 # ## 8. The final norm and the logits
 #
 # This model has one layer, so steps 2 to 7 were all of it; a real model runs the same
-# steps once per layer, each layer's output the next one's input (the model's `forward`
-# in `refllm/models/llama.py` does exactly that). A final RMSNorm and the LM head
+# steps once per layer, each layer's output the next one's input (the model's `_forward`
+# in `refllm/models/decoder.py` does exactly that, each layer a block built from the
+# recipe in `refllm/families/llama.py`). A final RMSNorm and the LM head
 # ($x W^\top$, one row per vocabulary entry) give the logits.
 
 # %%
-logits = linear(rms_norm(x2, w.norm, c.rms_norm_eps), w.lm_head)  # [B, T, V]
+logits = linear(rms_norm(x2, w.norm, c.norms.eps), w.lm_head)  # [B, T, V]
 print("logits", logits.shape)
 
 # %% [markdown]
 # ## 9. Check: the model computes the same thing
 #
-# `prefill_all_logits` runs the model's own forward pass (`refllm/models/llama.py`). With
+# `prefill_all_logits` runs the model's own forward pass (`refllm/models/decoder.py`). With
 # the contiguous cache its attention is the NumPy spec we used; with the default paged
 # cache it is a Numba kernel reading keys block by block (notebook 03). Both must agree
 # with our walk-through.

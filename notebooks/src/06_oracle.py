@@ -12,11 +12,13 @@
 
 # %%
 %matplotlib inline
+import functools
+
 import matplotlib.pyplot as plt
 import numpy as np
 
 from refllm.nn.linear import linear
-from refllm.nn.mlp import gated_mlp
+from refllm.nn.mlp import MLPWeights, gated, gated_mlp
 from refllm.nn.norm import rms_norm
 from refllm.nn.rope import apply_rope, cos_sin, inverse_frequencies
 from refllm.testing import Backend, Checkpoint, ConformanceFailure, check_logits, run_conformance
@@ -36,7 +38,7 @@ class ToyBackend(Backend):
         """q: [T, H, E], k/v: [T, K, E] -> [T, H, E], causal."""
         group = q.shape[1] // k.shape[1]
         k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)  # query head h reads KV head h // group
-        scores = np.einsum("the,she->hts", q, k) * np.float32(self.c.attention_scale)
+        scores = np.einsum("the,she->hts", q, k) * np.float32(self.c.attention.scale)
         T = len(q)
         scores = np.where(np.tril(np.ones((T, T), bool)), scores, -np.inf)
         weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
@@ -46,7 +48,9 @@ class ToyBackend(Backend):
     def layer_states(self, tokens):
         """The hidden states entering layer 0 and leaving each layer: [L + 1, T, D]."""
         c, t, T = self.c, self.t, len(tokens)
-        inv_freq, factor = inverse_frequencies(c.rope_for_layer(0), c.head_dim, c.max_position_embeddings, T)
+        H, K, E, eps = c.attention.num_heads, c.attention.num_kv_heads, c.attention.head_dim, c.norms.eps
+        act = functools.partial(gated, activation=c.mlp.activation)
+        inv_freq, factor = inverse_frequencies(c.rope_for_layer(0), E, c.max_position_embeddings, T)
         cos, sin = cos_sin(inv_freq, np.arange(T)[None], factor)  # [1, T, E]
         x = t["model.embed_tokens.weight"][tokens]  # [T, D]
         states = [x]
@@ -55,18 +59,18 @@ class ToyBackend(Backend):
 
             def proj(name, heads):
                 y = linear(h, t[p + f"self_attn.{name}.weight"], t.get(p + f"self_attn.{name}.bias"))
-                return y.reshape(1, T, heads, c.head_dim)
+                return y.reshape(1, T, heads, E)
 
-            h = rms_norm(x, t[p + "input_layernorm.weight"], c.rms_norm_eps)
-            q = apply_rope(proj("q_proj", c.num_attention_heads), cos, sin)[0]
-            k = apply_rope(proj("k_proj", c.num_key_value_heads), cos, sin)[0]
-            v = proj("v_proj", c.num_key_value_heads)[0]
+            h = rms_norm(x, t[p + "input_layernorm.weight"], eps)
+            q = apply_rope(proj("q_proj", H), cos, sin)[0]
+            k = apply_rope(proj("k_proj", K), cos, sin)[0]
+            v = proj("v_proj", K)[0]
             a = self.attention(q, k, v).reshape(T, -1)
             x = x + linear(a, t[p + "self_attn.o_proj.weight"], t.get(p + "self_attn.o_proj.bias"))
-            h = rms_norm(x, t[p + "post_attention_layernorm.weight"], c.rms_norm_eps)
+            h = rms_norm(x, t[p + "post_attention_layernorm.weight"], eps)
             mlp = [t[p + f"mlp.{name}.weight"] for name in ("gate_proj", "up_proj", "down_proj")]
             biases = [t.get(p + f"mlp.{name}.bias") for name in ("gate_proj", "up_proj", "down_proj")]
-            x = x + gated_mlp(h, *mlp, c.hidden_act, *biases)
+            x = x + gated_mlp(h, MLPWeights(*mlp, *biases), act)
             states.append(x)
         return np.stack(states)
 
@@ -74,7 +78,7 @@ class ToyBackend(Backend):
         """[T] -> [T, V]."""
         tied = self.c.tie_word_embeddings  # tied: the head is the embedding table, whatever else is stored
         head = self.t["model.embed_tokens.weight" if tied else "lm_head.weight"]
-        x = rms_norm(self.layer_states(tokens)[-1], self.t["model.norm.weight"], self.c.rms_norm_eps)
+        x = rms_norm(self.layer_states(tokens)[-1], self.t["model.norm.weight"], self.c.norms.eps)
         return linear(x, head)
 
 # %% [markdown]

@@ -21,18 +21,17 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from refllm import CacheConfig, ModelConfig
-from refllm.models.llama import LlamaFamilyModel
-from refllm.models.random import random_tensors
-from refllm.models.contract import InMemorySource
+from refllm.models.random import random_model
 from refllm.nn.linear import linear
-from refllm.nn.moe import experts_forward, softmax_then_topk, swiglu_expert
+from refllm.nn.mlp import gated_mlp
+from refllm.nn.moe import experts_forward, softmax_then_topk
 
 config = ModelConfig.from_hf(dict(
     model_type="mixtral", vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
     num_local_experts=8, num_experts_per_tok=2,
 ))
-moe = config.moe
+moe = config.experts  # the recipe's mixture of experts (refllm/moe_parameters.py)
 print(f"{moe.num_experts} experts per layer, {moe.experts_per_token} per token, routing {moe.routing},"
       f" renormalised: {moe.norm_topk_prob}")
 print(f"parameters: {config.num_parameters:,} in all, {config.active_parameters:,} read per token")
@@ -40,28 +39,32 @@ print(f"parameters: {config.num_parameters:,} in all, {config.active_parameters:
 # %% [markdown]
 # ## Recording the routes
 #
-# The model's forward pass calls `mlp(w, h)` once per layer with the normed hidden
-# states `h` [B, T, D]. A subclass that routes `h` itself before handing it on records
-# which experts each token chose, and with what weight, without changing the output.
+# The model's forward pass calls each layer's MLP block (`model.layers[i].mlp`, a
+# `SparseMLP` here, built at load from the recipe) with the normed hidden states `h`
+# [B, T, D]. Wrapping the blocks in one that routes `h` itself before handing it on
+# records which experts each token chose, and with what weight, without changing the output.
 
 # %%
-class RouteRecorder(LlamaFamilyModel):
-    """Records (expert_ids [T, k], expert_weights [T, k], h [T, D]) for every sparse layer it runs."""
+class RouteRecorder:
+    """A layer's MLP block that first records (expert_ids [T, k], expert_weights [T, k], h [T, D])."""
 
-    def mlp(self, w, h):
-        if w.experts is not None:
-            x = h.reshape(-1, h.shape[-1])
-            ids, weights = softmax_then_topk(linear(x, w.router), moe.experts_per_token, moe.norm_topk_prob)
-            self.routes.append((ids, weights, x))
-        return super().mlp(w, h)
+    def __init__(self, block, routes):
+        self.block, self.routes = block, routes
+
+    def __call__(self, h):
+        x = h.reshape(-1, h.shape[-1])
+        ids, weights = softmax_then_topk(linear(x, self.block.w.router), moe.experts_per_token, moe.norm_topk_prob)
+        self.routes.append((ids, weights, x))
+        return self.block(h)
 
 
-model = RouteRecorder.load(InMemorySource(config, random_tensors(config, seed=3, std=0.3)))
-model.routes = []
+model = random_model(config, seed=3, std=0.3)
+routes = []
+for decoder_layer in model.layers:
+    decoder_layer.mlp = RouteRecorder(decoder_layer.mlp, routes)
 prompt = np.array([[1, 17, 42, 5, 9, 33, 61, 8, 20, 4]])
 logits = model.prefill_all_logits(prompt, model.create_kv_cache(CacheConfig(kind="contiguous")), range(10))
-print(f"{len(model.routes)} sparse layers recorded, each: ids {model.routes[0][0].shape},"
-      f" weights {model.routes[0][1].shape}")
+print(f"{len(routes)} sparse layers recorded, each: ids {routes[0][0].shape}, weights {routes[0][1].shape}")
 
 # %% [markdown]
 # ## One token's route
@@ -73,7 +76,7 @@ print(f"{len(model.routes)} sparse layers recorded, each: ids {model.routes[0][0
 # %%
 T, L, X = prompt.shape[1], config.num_hidden_layers, moe.num_experts
 route = np.zeros((L, T, X))  # [layer, token, expert]: the weight, 0 where not chosen
-for layer, (ids, weights, _) in enumerate(model.routes):
+for layer, (ids, weights, _) in enumerate(routes):
     np.put_along_axis(route[layer], ids, weights, axis=-1)
 
 token = 3
@@ -111,15 +114,16 @@ np.testing.assert_allclose(route.sum(axis=-1), 1.0, rtol=1e-6)
 
 # %%
 layer = 0
-w = model.weights.layers[layer]
-ids, weights, x = model.routes[layer]
-loop = experts_forward(x, ids, weights, w.experts)  # [T, D]
+w = model.weights.layers[layer].mlp  # the router [X, D] and each expert's MLPWeights
+experts = w.experts
+ids, weights, x = routes[layer]
+loop = experts_forward(x, ids, weights, experts)  # [T, D]
 by_token = np.stack([
-    sum(weights[t, i] * swiglu_expert(x[t : t + 1], w.experts[ids[t, i]])[0] for i in range(moe.experts_per_token))
+    sum(weights[t, i] * gated_mlp(x[t : t + 1], experts[ids[t, i]])[0] for i in range(moe.experts_per_token))
     for t in range(T)
 ])
 np.testing.assert_allclose(loop, by_token, rtol=1e-5, atol=1e-6)
-np.testing.assert_allclose(loop, model.mlp(w, x[None])[0], rtol=1e-5, atol=1e-6)
+np.testing.assert_allclose(loop, model.layers[layer].mlp.block(x[None])[0], rtol=1e-5, atol=1e-6)
 print(f"token {token}, layer {layer}: experts {ids[token].tolist()},"
       f" weights {', '.join(f'{weight:.3f}' for weight in weights[token])}")
 print("experts_forward == the per-token sum == the model's own MLP step")

@@ -21,14 +21,14 @@ from refllm.cluster import LOCAL
 from refllm.cluster.pool import run_shards
 from refllm.cluster.shards import Shard, ShardResult, ShardStore, file_identity, split
 from refllm.loading import open_source
-from refllm.models.llama import LlamaFamilyModel
+from refllm.models.decoder import DecoderModel
 from refllm.runtime.perplexity import combine, first_scored, sliding_windows, window_cache, window_nll
 
 
 @dataclass(frozen=True)
 class PerplexityJob:
     model: str  # a catalog name (pulled on each node) or a path readable on every node
-    precision: dict  # open_source's ``quantized`` and ``dtype``, LlamaFamilyModel.load's ``reference``
+    precision: dict  # open_source's ``quantized`` and ``dtype``, DecoderModel.load's ``reference``
     ids: np.ndarray  # [T]
     window: int
     stride: int
@@ -37,7 +37,7 @@ class PerplexityJob:
     def load(self):
         quantized, dtype, reference = (self.precision[k] for k in ("quantized", "dtype", "reference"))
         path = catalog.pull(self.model) if self.model in catalog.CATALOG else self.model
-        model = LlamaFamilyModel.load(open_source(path, quantized=quantized, dtype=dtype), dtype, reference)
+        model = DecoderModel.load(open_source(path, quantized=quantized, dtype=dtype), dtype, reference)
         spans = sliding_windows(len(self.ids), self.window, self.stride)
         return model, window_cache(model, self.window, self.cache_kind), spans, first_scored(spans)
 

@@ -12,14 +12,14 @@ from refllm import catalog, progress
 from refllm.commands import warm_start
 from refllm.commands.parsing import closest
 from refllm.errors import InvalidInputError
+from refllm.families import checkpoint_layout
 from refllm.kv import CacheConfig
 from refllm.kv.base import blocks_for
 from refllm.loading import build_model, check_activations, open_source, use_activations
 from refllm.memory import available_memory, weight_bytes
 from refllm.models.contract import ModelSource
-from refllm.models.llama import LlamaFamilyModel
 from refllm.models.connector import connector_shapes
-from refllm.models.expert_weights import expert_layout
+from refllm.models.decoder import DecoderModel
 from refllm.models.vision_tower import vision_tower_shapes
 from refllm.models.weights import checkpoint_shapes, weight_leaves
 from refllm.quant.linear import QuantizedTensor
@@ -62,7 +62,7 @@ def load(
     context: int | None = None,
     context_flag: str = "--context",
     images: bool = False,
-) -> LlamaFamilyModel:
+) -> DecoderModel:
     """Open the model, refuse what cannot work (before the slow part), then load its weights with progress.
 
     ``dtype``, ``reference`` and ``activations``: as ``refllm.load_model`` takes them (docs/reference.md).
@@ -92,7 +92,7 @@ def tensor_count(source: ModelSource) -> int:
     """Tensors loading the source reads: the text model's, and a vision-language model's tower and connector."""
     multimodal = getattr(source, "multimodal", None)
     image_half = 0 if multimodal is None else len(vision_tower_shapes(multimodal.vision)) + len(connector_shapes(multimodal))
-    return len(checkpoint_shapes(source.config, expert_layout(source.config, source.tensor_names()))) + image_half
+    return len(checkpoint_shapes(source.config, checkpoint_layout(source.config, source.tensor_names()))) + image_half
 
 
 def open_checked(
@@ -124,7 +124,7 @@ def _no_chat_template(name: str) -> InvalidInputError:
     )
 
 
-def warm_llm(model: LlamaFamilyModel, context: int | None = None, *, name: str | None = None, on_switch=None) -> LLM:
+def warm_llm(model: DecoderModel, context: int | None = None, *, name: str | None = None, on_switch=None) -> LLM:
     """An LLM over the model, its kernels loaded from Numba's cache, or compiled now (with a notice), before
     any request. The spec ops compile nothing, and their arena writes in NumPy.
 
@@ -154,7 +154,7 @@ def warm_llm(model: LlamaFamilyModel, context: int | None = None, *, name: str |
     return llm
 
 
-def start_engine(model: LlamaFamilyModel, context: int | None = None, name: str | None = None) -> Engine:
+def start_engine(model: DecoderModel, context: int | None = None, name: str | None = None) -> Engine:
     """An engine for one user at a time, stepped by its caller, that shows a long prompt's progress;
     see ``warm_llm``."""
     llm = warm_llm(model, context, name=name)
@@ -171,7 +171,7 @@ def switch_note(engine: Engine) -> str | None:
     return None
 
 
-def has_quantized_weights(model: LlamaFamilyModel) -> bool:
+def has_quantized_weights(model: DecoderModel) -> bool:
     """Whether any of the model's matrices is kept in quantized blocks."""
     return any(isinstance(array, QuantizedTensor) for array in weight_leaves(model.weights))
 

@@ -15,7 +15,7 @@ from refllm import catalog
 from refllm.cluster import LOCAL, check_reachable, import_ray
 from refllm.commands.parsing import closest
 from refllm.errors import InvalidInputError
-from refllm.models.llama import DTYPES
+from refllm.models.decoder import DTYPES
 from refllm.quant.formats import ACTIVATIONS
 from refllm.runtime.sampling import LOGIT_BIAS_LIMIT, TEMPERATURE_FLOOR, SamplingParams, SamplingParamsError
 

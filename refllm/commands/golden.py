@@ -6,7 +6,7 @@ import argparse
 
 from refllm.cluster.golden import check_on_ray, dump_on_ray
 from refllm.commands.flags import add_cluster_flags, cluster_options
-from refllm.models.llama import DTYPES
+from refllm.models.decoder import DTYPES
 from refllm.testing.backends import as_backend
 from refllm.testing.checkpoint import Checkpoint
 from refllm.testing.factories import load_factory

@@ -20,7 +20,8 @@ from refllm.kv.base import blocks_for
 from refllm.machine import cpu_name, seconds_since_start, thread_settings, vector_extensions
 from refllm.memory import available_memory, peak_memory, weight_bytes
 from refllm.models.contract import ModelSource
-from refllm.models.llama import cache_shape_for
+from refllm.models.decoder import cache_shape_for
+from refllm.moe_parameters import GroupedExperts
 from refllm.runtime.llm import LLM
 
 # ---- info --------------------------------------------------------------------------------------------
@@ -53,10 +54,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         memory = f"{common.size(dequantized + kv)} for a run: its float32 weights and the KV cache"
     rows = {
         "model": args.model,
-        "architecture": (
-            f"{c.model_type}: {c.num_hidden_layers} layers, hidden size {c.hidden_size}, MLP {c.intermediate_size},"
-            f" {_attention(c)}"
-        ),
+        "architecture": f"{c.model_type}: {c.num_hidden_layers} layers, hidden size {c.hidden_size}",
+        "recipe": c.describe(),  # a line per part
         "parameters": f"{c.num_parameters:,} ({c.num_parameters / 1e6:.1f} M)",
         **({} if c.experts is None else {"experts": _experts(c)}),
         **({} if getattr(source, "multimodal", None) is None else {"vision": _vision(source.multimodal)}),
@@ -71,14 +70,15 @@ def cmd_info(args: argparse.Namespace) -> int:
     }
     width = max(map(len, rows))
     for key, value in rows.items():
-        print(f"{key:<{width}}  {value}")
+        for line_key, line in zip([key, *[""] * len(value)], value if isinstance(value, list) else [value]):
+            print(f"{line_key:<{width}}  {line}")
     return 0
 
 
 def _vision(m) -> str:
     """A vision-language model's row: the tower, how patches become image tokens, and its parameters."""
     v = m.vision
-    merge = f"pixel-shuffled by {m.scale}" if m.model_type == "idefics3" else f"pooled by {m.scale}"
+    merge = f"{m.connector.value} by {m.scale}"
     return (
         f"{m.model_type}: SigLIP of {v.num_hidden_layers} layers, width {v.hidden_size}, {v.grid_side}x{v.grid_side}"
         f" patches of {v.patch_size} px; {m.tokens_per_image} image tokens per tile ({merge});"
@@ -86,23 +86,11 @@ def _vision(m) -> str:
     )
 
 
-def _attention(c) -> str:
-    """The attention's heads and widths: query and KV heads, or latent attention's ranks (DeepSeek-V3)."""
-    latent = c.latent_attention
-    if latent is None:
-        return f"{c.num_attention_heads} query / {c.num_key_value_heads} KV heads of {c.head_dim}"
-    query = "full-rank queries" if latent.q_lora_rank is None else f"query rank {latent.q_lora_rank}"
-    return (
-        f"latent attention: {c.num_attention_heads} heads, KV rank {latent.kv_lora_rank}, {query},"
-        f" key dims {latent.qk_nope_head_dim} + {latent.qk_rope_head_dim} RoPE, value dims {latent.v_head_dim}"
-    )
-
-
 def _experts(c) -> str:
     """A mixture of experts' row: experts per sparse layer, experts per token, parameters one token reads."""
     experts = c.experts
     sparse = sum(c.is_sparse(layer) for layer in range(c.num_hidden_layers))
-    shared = 0 if c.grouped_experts is None else c.grouped_experts.num_shared_experts  # every token runs them
+    shared = experts.num_shared_experts if isinstance(experts, GroupedExperts) else 0  # every token runs them
     return (
         f"{experts.num_experts} per sparse layer ({sparse} of {c.num_hidden_layers} layers), {experts.experts_per_token}"
         f" per token{f' plus {shared} shared' if shared else ''}:"

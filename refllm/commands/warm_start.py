@@ -20,7 +20,6 @@ the run compiles in the foreground as before, with its notice
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import fcntl
 import hashlib
@@ -60,10 +59,16 @@ class _CompileStarted(Exception):
 
 
 class _Forbid(event.Listener):
+    """Numba's listeners are global: this one trips only on compilations of the thread that installed it,
+    so a watcher thread never fails another thread's compilation."""
+
     def __init__(self):
         self.tripped = False
+        self.thread = threading.get_ident()
 
     def on_start(self, ev: event.Event) -> None:
+        if threading.get_ident() != self.thread:
+            return
         self.tripped = True
         raise _CompileStarted()
 
@@ -125,9 +130,7 @@ def wait_for_compiling() -> None:
 
 def spec_twin(model: Any) -> Any:
     """The model on the spec ops, its quantized matrices dequantized (the arrays it already has are shared)."""
-    twin = copy.copy(model)  # the same config, tokenizer (and a vision model's tower): other weights and ops
-    twin.weights, twin.ops = _dequantized(model.weights), SPEC_OPS
-    return twin
+    return model.with_ops(SPEC_OPS, _dequantized(model.weights))  # the same config, tokenizer (and tower)
 
 
 def spec_twin_fits(model: Any) -> bool:

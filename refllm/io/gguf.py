@@ -15,8 +15,9 @@ it finds onto what ``refllm/models`` expects from any checkpoint:
   weights stored with 1 added. The other architectures here are stored as
   Hugging Face has them.
 
-Hyper-parameters an architecture's files leave out are filled in by
-``refllm/io/gguf_families.py``, as llama.cpp fills them in.
+What differs by architecture (its model type, the hyper-parameters its files
+leave out and llama.cpp fixes in code, its own tensor names, the converter's
+changes) is its family module's ``GGUF`` entry (``refllm/families/``).
 
 Tensors are dequantized when ``tensor(name)`` asks for them, one at a time;
 with ``quantized=True`` a matrix in a format the quantized kernels read is
@@ -40,21 +41,14 @@ import numpy as np
 from refllm.config import ConfigError, ModelConfig
 from refllm.config_checks import check_layer_count, check_number, check_size, check_token_id
 from refllm.errors import WeightError
-from refllm.io.gguf_families import FAMILY_CONFIGS, FamilyFacts
-from refllm.io.gguf_experts import EXPERT_LAYER_NAMES, moe_config
+from refllm.families import GGUF_ARCHITECTURES, check_expert_count
+from refllm.families.family import GgufArchitecture, GgufFacts
 from refllm.io.gguf_header import GGUFHeader, TensorInfo, map_file
 from refllm.io.gguf_tokenizer import tokenizer_from_gguf, tokenizer_metadata
-from refllm.models.expert_weights import check_expert_count
 from refllm.quant.formats import FORMATS, dequantize
 from refllm.quant.linear import QuantizedTensor, kernel_reads
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", "gemma3", "gemma2", "smollm3", "olmo2", "qwen3moe")
-_MODEL_TYPES = {
-    "llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma3": "gemma3_text",
-    "gemma2": "gemma2", "smollm3": "smollm3", "olmo2": "olmo2",
-}  # a llama file with experts is Mixtral, and qwen3moe is Qwen3-MoE: ``gguf_experts.py``
-_PERMUTED = ("llama", "smollm3")  # converted by LlamaModel.modify_tensors, which permutes q/k rows
-_NORMS_PLUS_ONE = ("gemma3", "gemma2")  # converted by Gemma{2,3}Model.modify_tensors: norm weights + 1
+SUPPORTED_GGUF_ARCHITECTURES = tuple(GGUF_ARCHITECTURES)  # general.architecture (model types: refllm/config.py)
 
 _BAND_BYTES = 8 << 20  # stored bytes dequantized at a time: bounds the file pages resident during a load
 
@@ -95,7 +89,8 @@ _GLOBAL_NAMES = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-# blk.N.<gguf> -> model.layers.N.<hf>, after gguf-py's tensor_mapping.py.
+# blk.N.<gguf> -> model.layers.N.<hf>, after gguf-py's tensor_mapping.py; a family's GGUF entry
+# names the tensors it names otherwise (refllm/families/).
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "attn_q": "self_attn.q_proj",
@@ -109,29 +104,25 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
-} | EXPERT_LAYER_NAMES
-_POST_NORMS = {"post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
-_ARCHITECTURE_LAYER_NAMES = {
-    # Gemma's sandwich norms: its post_attention_layernorm follows attention, and the
-    # pre-MLP norm (GGUF's ffn_norm) is pre_feedforward_layernorm.
-    "gemma3": {"ffn_norm": "pre_feedforward_layernorm"} | _POST_NORMS,
-    "gemma2": {"ffn_norm": "pre_feedforward_layernorm"} | _POST_NORMS,
-    "olmo2": _POST_NORMS,  # after attention and after the MLP, nothing before
-    # Phi-3's fused [gate | up] projection is stored whole as ffn_up.
-    "phi3": {"ffn_up": "mlp.gate_up_proj"},
+    # a sparse layer's router and experts, stacked [X, ...] (refllm/families/experts.py)
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
 }
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
 def hf_name(gguf_name: str, architecture: str) -> str | None:
-    """The Hugging Face name of GGUF tensor ``gguf_name``, or None if refllm has no such tensor."""
+    """The Hugging Face name of GGUF tensor ``gguf_name`` in a file of ``architecture``, or None if refllm
+    has no such tensor."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     match = _LAYER_TENSOR.fullmatch(gguf_name)
     if match is None:
         return None
     layer, short, kind = match.groups()
-    names = _LAYER_NAMES | _ARCHITECTURE_LAYER_NAMES.get(architecture, {})
+    names = _LAYER_NAMES | GGUF_ARCHITECTURES[architecture].layer_names
     return f"model.layers.{layer}.{names[short]}.{kind}" if short in names else None
 
 
@@ -147,6 +138,7 @@ class GGUFSource:
         self.dtype = np.dtype(dtype)  # of the dequantized tensors
         self._map, self.header = self._open()
         self.architecture = self._architecture()
+        self.family: GgufArchitecture = GGUF_ARCHITECTURES[self.architecture]
         self._tensors = self._map_tensors()  # Hugging Face name -> TensorInfo
         try:
             self.config = ModelConfig.from_hf(self._hf_config())
@@ -211,21 +203,22 @@ class GGUFSource:
     # ---- what llama.cpp's converter changed ----
 
     def _undo_conversion(self, name: str, weights: np.ndarray) -> np.ndarray:
-        c = self.config
-        if self.architecture in _PERMUTED:
+        attention = self.config.attention
+        if self.family.permuted_qk:
             # LlamaModel.modify_tensors permutes q_proj (weight and bias) with H heads and k_proj with K.
             if ".self_attn.q_proj." in name:
-                return self._unpermuted(name, weights, c.num_attention_heads)
+                return self._unpermuted(name, weights, attention.num_heads)
             if ".self_attn.k_proj." in name:
-                return self._unpermuted(name, weights, c.num_key_value_heads)
-        if self.architecture in _NORMS_PLUS_ONE and name.endswith("norm.weight"):
+                return self._unpermuted(name, weights, attention.num_kv_heads)
+        if self.family.norms_plus_one and name.endswith("norm.weight"):
             # Gemma3Model.modify_tensors (and Gemma2Model's) adds 1 to every tensor named *norm.weight (the layer norms,
             # q_norm, k_norm and the final norm) so llama.cpp can multiply by w; refllm applies (1 + w).
             return weights - 1.0
         return weights
 
     def _unpermuted(self, name: str, weights: np.ndarray, n_heads: int) -> np.ndarray:
-        rows, head_dim = n_heads * self.config.head_dim, self.config.head_dim
+        head_dim = self.config.attention.head_dim
+        rows = n_heads * head_dim
         if weights.shape[0] != rows or head_dim % 2:
             raise GGUFFileError(
                 f"{self.where(name)} has shape {weights.shape}; {n_heads} heads of an even head dim"
@@ -276,10 +269,10 @@ class GGUFSource:
         architecture = self._value("general.architecture")
         if architecture is None:
             raise GGUFFileError(f"{self.path} has no metadata key 'general.architecture'")
-        if architecture not in SUPPORTED_ARCHITECTURES:
+        if architecture not in SUPPORTED_GGUF_ARCHITECTURES:
             raise GGUFFileError(
                 f"{self.path}: architecture {architecture!r} is not supported;"
-                f" supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+                f" supported: {', '.join(SUPPORTED_GGUF_ARCHITECTURES)}"
             )
         return architecture
 
@@ -330,7 +323,6 @@ class GGUFSource:
         if value_dim != head_dim:
             raise GGUFFileError(f"{self.path}: key length {head_dim} and value length {value_dim} differ")
         config: dict[str, Any] = dict(
-            model_type=_MODEL_TYPES.get(arch),
             vocab_size=int(self._tensors["model.embed_tokens.weight"].shape[0]),  # [V, D]
             hidden_size=hidden_size,
             intermediate_size=self._size(key("feed_forward_length")),
@@ -355,13 +347,11 @@ class GGUFSource:
         window = None  # 0 or absent means none (Phi-4 writes 0)
         if self._value(key("attention.sliding_window")):
             window = self._size(key("attention.sliding_window"))
-        if arch == "phi3":
-            config["sliding_window"] = window
-        if arch in FAMILY_CONFIGS:
-            layers = config["num_hidden_layers"]
-            facts = FamilyFacts(arch, layers, window, hidden_size, num_heads, head_dim, self._value, self._number)
-            config |= FAMILY_CONFIGS[arch](facts)
-        return config | moe_config(arch, self._value, self._size, self._tensors)
+        facts = GgufFacts(
+            arch, config["num_hidden_layers"], window, hidden_size, num_heads, head_dim, tuple(self._tensors),
+            self._value, self._number, self._size,
+        )
+        return config | self.family.config(facts)
 
     def _rope_scaling(self, key) -> dict[str, Any] | None:
         kind = self._value(key("rope.scaling.type"), "none")

@@ -20,14 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from refllm.architectures.keys import expert_count_key
-from refllm.architectures.vision import read_multimodal
 from refllm.config import ConfigError, ModelConfig
 from refllm.config_checks import check_layer_count
 from refllm.errors import WeightError
+from refllm.families import check_expert_count
+from refllm.families.keys import expert_count_key
+from refllm.families.vision import read_multimodal
 from refllm.io.image_processing import load_image_processor
 from refllm.io.json_file import parse_json_object, read_json_object
-from refllm.models.expert_weights import check_expert_count
 from refllm.models.weights import canonical_name
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}

@@ -23,7 +23,7 @@ import math
 import numpy as np
 from numba import njit
 
-from refllm.config import ACTIVATIONS
+from refllm.nn.mlp import ACTIVATIONS
 from refllm.kernels.exp import exp_nonpositive
 
 _GELU_C = np.float32(math.sqrt(2.0 / math.pi))  # as refllm.nn.mlp.gelu_tanh rounds it

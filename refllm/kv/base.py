@@ -14,10 +14,10 @@ Until ``commit`` the new tokens are invisible to ``length``, so a forward
 pass that fails half-way leaves every sequence as it was. Attention lives
 behind this interface: given an ``attend`` function (the spec op set's
 ``refllm.nn.attention.attention``), a cache hands it each sequence's keys and
-values as plain arrays; without one, it attends its own way (the paged
-arena's Numba kernels; the contiguous cache has only the spec). Which cache a
-model runs with and which op set it computes with are separate choices
-(``refllm/models/ops.py``).
+values as plain arrays; given ``OWN_ATTENTION`` (the fast op set's), it attends
+its own way (the paged arena's Numba kernels; the contiguous cache has only the
+spec). Which cache a model runs with and which op set it computes with are
+separate choices (``refllm/models/ops.py``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,22 @@ import numpy as np
 from refllm.errors import CacheCapacityError, UnknownSequenceError
 from refllm.nn.attention import ImageSpans
 
-__all__ = ["CacheCapacityError", "CacheConfig", "CacheShape", "KVCache", "UnknownSequenceError", "blocks_for"]
+__all__ = [
+    "OWN_ATTENTION", "CacheCapacityError", "CacheConfig", "CacheShape", "KVCache", "OwnAttention",
+    "UnknownSequenceError", "blocks_for",
+]
+
+
+class OwnAttention:
+    """What ``attend`` is to ask a cache for its own attention instead of handing it a function: the paged
+    arena's Numba kernels over float32 blocks (the spec's attention over its gathered keys otherwise), the
+    contiguous cache's spec attention."""
+
+    def __repr__(self) -> str:
+        return "OWN_ATTENTION"
+
+
+OWN_ATTENTION = OwnAttention()
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
@@ -130,13 +145,13 @@ class KVCache(ABC):
         scale: float,
         window: int | None = None,
         softcap: float | None = None,
-        attend: Callable | None = None,
+        attend: Callable | OwnAttention = OWN_ATTENTION,
         image_spans: Sequence[ImageSpans] | None = None,
     ) -> np.ndarray:
         """q: [B, T, H, E] at positions length + t -> [B, T, H, E], over every key up to its position.
 
         attend: ``(q [T, H, E], k, v [S, K, E], query_positions [T], scale, window, softcap) -> [T, H, E]``,
-        called once per sequence with its keys and values; None: the cache's own attention. An ``attend``
+        called once per sequence with its keys and values; ``OWN_ATTENTION``: the cache's own. An ``attend``
         may take queries and give outputs of other widths (latent attention's [T, H, N + P] -> [T, H, U]).
         image_spans: per row, (start, end) runs of positions whose tokens also see the keys after them up to
         ``end`` (Gemma 3's images; each ends within the T new tokens). ``attend`` then gets them as

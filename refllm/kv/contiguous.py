@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from refllm.kv.base import CacheCapacityError, CacheShape, KVCache
+from refllm.kv.base import OWN_ATTENTION, CacheCapacityError, CacheShape, KVCache, OwnAttention
 from refllm.nn.attention import ImageSpans
 from refllm.nn.attention import attention as spec_attention
 
@@ -98,10 +98,11 @@ class ContiguousKVCache(KVCache):
         scale: float,
         window: int | None = None,
         softcap: float | None = None,
-        attend: Callable | None = None,
+        attend: Callable | OwnAttention = OWN_ATTENTION,
         image_spans: Sequence[ImageSpans] | None = None,
     ) -> np.ndarray:
-        attend = attend or spec_attention  # no kernel of its own
+        if attend is OWN_ATTENTION:  # no kernel of its own
+            attend = spec_attention
         num_new = q.shape[1]
         out = []
         for row, seq_id in enumerate(seq_ids):

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from refllm.kv.base import CacheCapacityError, CacheConfig, CacheShape, KVCache, blocks_for
+from refllm.kv.base import OWN_ATTENTION, CacheCapacityError, CacheConfig, CacheShape, KVCache, OwnAttention, blocks_for
 from refllm.kv.block_attention import BatchView, attend_blocks, write_blocks
 from refllm.kv.blocks import BlockPool
 from refllm.nn.attention import ImageSpans
@@ -233,14 +233,14 @@ class PagedKVArena(KVCache):
         scale: float,
         window: int | None = None,
         softcap: float | None = None,
-        attend: Callable | None = None,
+        attend: Callable | OwnAttention = OWN_ATTENTION,
         image_spans: Sequence[ImageSpans] | None = None,
     ) -> np.ndarray:
         """q: [B, T, H, E] at positions length + t -> [B, T, H, E]: one decode or prefill-chunk kernel call,
         or ``attend`` (the spec's attention for a float64 arena) over each sequence's gathered keys.
         image_spans: per row, image runs whose tokens see each other (``KVCache.attention``)."""
         self._check_layer(layer)
-        width_fits = attend is not None or q.shape[-1] == self.shape.head_dim  # an attend may take other widths
+        width_fits = attend is not OWN_ATTENTION or q.shape[-1] == self.shape.head_dim  # an attend may take others
         if q.ndim != 4 or q.shape[0] != len(seq_ids) or not width_fits:
             raise ValueError(f"q must be [B={len(seq_ids)}, T, H, E={self.shape.head_dim}], not {q.shape}")
         if q.shape[2] % self.shape.num_kv_heads:
@@ -250,8 +250,8 @@ class PagedKVArena(KVCache):
         if softcap is not None and softcap <= 0:
             raise ValueError(f"softcap must be positive, not {softcap}")
         view = self._batch_view(seq_ids, q.shape[1])
-        if attend is None and not self.use_kernels:
-            attend = spec_attention
+        if attend is OWN_ATTENTION:
+            attend = None if self.use_kernels else spec_attention  # None: attend_blocks runs the kernels
         return attend_blocks(self.k[layer], self.v[layer], view, q, scale, window, softcap, attend, image_spans)
 
     def commit(self, seq_ids: Sequence[int], num_new: int) -> None:

@@ -24,27 +24,20 @@ from typing import Any
 
 import numpy as np
 
-from refllm.architectures.vision import MultimodalConfig
 from refllm.config import ModelConfig
 from refllm.errors import InvalidInputError, TokenOutOfRangeError
+from refllm.families.vision import MultimodalConfig
 from refllm.kv import KVCache
-from refllm.models.connector import ConnectorWeights, connect, load_connector
+from refllm.models.attention import Spans
+from refllm.models.connector import connector_block, load_connector
 from refllm.models.contract import ModelMetadata, ModelSource, VisionInfo
+from refllm.models.decoder import DecoderModel, dtype_name
 from refllm.models.image_spans import check_images, image_token_runs, spans_in_step
-from refllm.models.llama import LlamaFamilyModel, Spans, dtype_name
+from refllm.models.ops import OpSet
 from refllm.models.vision_tower import VisionTowerWeights, load_vision_tower, vision_tower
 from refllm.models.weights import ModelWeights, assemble
 
-# Where each family's checkpoints keep the tower and the connector: the Hub's files, then what
-# transformers' model classes and save_pretrained (5.x) name them.
-TOWER_PREFIXES = {"idefics3": ("model.vision_model.",),
-                  "gemma3": ("vision_tower.vision_model.", "model.vision_tower.vision_model.", "vision_tower.",
-                             "model.vision_tower.")}  # fmt: skip
-CONNECTOR_PREFIXES = {"idefics3": ("model.connector.",),
-                      "gemma3": ("multi_modal_projector.", "model.multi_modal_projector.")}  # fmt: skip
-
-
-class VisionLanguageModel(LlamaFamilyModel):
+class VisionLanguageModel(DecoderModel):
     """The text model's whole contract, plus images through ``embed_multimodal``."""
 
     def __init__(
@@ -53,19 +46,24 @@ class VisionLanguageModel(LlamaFamilyModel):
         weights: ModelWeights,
         multimodal: MultimodalConfig,
         tower: VisionTowerWeights,
-        connector: ConnectorWeights,
+        connector: dict[str, np.ndarray],
         tokenizer: Any = None,
         dtype: str = "float32",
         reference: bool | None = None,
         image_processor: Any = None,
     ):
-        """The text model's arguments (``LlamaFamilyModel``), the tower's and connector's weights in the same
+        """The text model's arguments (``DecoderModel``), the tower's and connector's weights in the same
         dtype, and the checkpoint's image processor (``refllm.io.image_processing``), if it has one."""
-        super().__init__(config, weights, tokenizer, dtype, reference)
         self.multimodal = multimodal
         self.tower = tower
-        self.connector = connector
+        self.connector_tensors = connector
         self.image_processor = image_processor
+        super().__init__(config, weights, tokenizer, dtype, reference)
+
+    def _build(self, ops: OpSet, weights: ModelWeights) -> None:
+        """The text model's blocks, and the connector its family names (``with_ops`` builds them anew)."""
+        super()._build(ops, weights)
+        self.connector = connector_block(self.connector_tensors, self.multimodal, ops)
 
     @classmethod
     def load(
@@ -75,8 +73,8 @@ class VisionLanguageModel(LlamaFamilyModel):
         float_type = np.dtype(dtype_name(dtype))
         weights = assemble(source.config, source, float_type)
         names = set(source.tensor_names())
-        tower_prefix = _prefix(TOWER_PREFIXES[multimodal.model_type], "embeddings.patch_embedding.weight", names)
-        connector_prefix = _prefix(CONNECTOR_PREFIXES[multimodal.model_type], "", names)
+        tower_prefix = _prefix(multimodal.tower_prefixes, "embeddings.patch_embedding.weight", names)
+        connector_prefix = _prefix(multimodal.connector_prefixes, "", names)
         tower = load_vision_tower(source, multimodal.vision, tower_prefix, float_type)
         connector = load_connector(source, multimodal, connector_prefix, float_type)
         processor = getattr(source, "image_processor", None)
@@ -99,7 +97,7 @@ class VisionLanguageModel(LlamaFamilyModel):
     def image_features(self, pixels: np.ndarray) -> np.ndarray:
         """pixels: [N, C, S, S] (checked by ``embed_multimodal``) -> the image tokens' embeddings [N, L, D]."""
         features = vision_tower(pixels, self.tower, self.multimodal.vision, self.ops)  # [N, P, Dv]
-        return connect(features, self.connector, self.multimodal, self.ops)
+        return self.connector(features)
 
     def embed_multimodal(self, tokens: np.ndarray, images: Sequence[np.ndarray] | None) -> np.ndarray:
         """tokens [B, T] int, images: one pixel batch [N_i, C, S, S] per image, in prompt order (rows in
@@ -138,8 +136,8 @@ class VisionLanguageModel(LlamaFamilyModel):
     # ---- validation -------------------------------------------------------------------------------
 
     def _spans_at(self, image_spans: Spans, x: Any, starts: list[int]) -> Spans:
-        """The spans the attention needs for a step whose rows start at ``starts``: Gemma 3's, checked to end
-        within the step; None for a causal text model (SmolVLM) or a step without images."""
+        """The spans the attention needs for a step whose rows start at ``starts``, checked to end within the
+        step, when an image's tokens see each other; None for a causal text model or a step without images."""
         if image_spans is None or not self.multimodal.bidirectional_image_attention:
             return None
         x = self._check_x(x)

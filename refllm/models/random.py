@@ -6,7 +6,7 @@ import numpy as np
 
 from refllm.config import ModelConfig
 from refllm.models.contract import InMemorySource
-from refllm.models.llama import LlamaFamilyModel
+from refllm.models.decoder import DecoderModel
 from refllm.models.weights import checkpoint_shapes
 
 
@@ -18,10 +18,10 @@ def random_tensors(config: ModelConfig, seed: int = 0, std: float = 0.1) -> dict
         values = rng.normal(0.0, std, size=shape)
         if "norm" in name:
             # Gemma stores w - 1, others w: either way the applied scale is near 1.
-            values = values + (1.0 - config.norm_weight_offset)
+            values = values + (1.0 - config.norms.weight_offset)
         tensors[name] = values.astype(np.float32)
     return tensors
 
 
-def random_model(config: ModelConfig, seed: int = 0, std: float = 0.1) -> LlamaFamilyModel:
-    return LlamaFamilyModel.load(InMemorySource(config, random_tensors(config, seed, std)))
+def random_model(config: ModelConfig, seed: int = 0, std: float = 0.1) -> DecoderModel:
+    return DecoderModel.load(InMemorySource(config, random_tensors(config, seed, std)))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from refllm.architectures.vision import VisionConfig
+from refllm.families.vision import VisionConfig
 from refllm.errors import MissingTensorError, WeightError
 from refllm.models.ops import OpSet
 from refllm.nn.attention import bidirectional_attention

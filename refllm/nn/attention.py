@@ -10,19 +10,19 @@ For a query at position p and the keys at positions j = 0 .. S-1:
 Grouped-query attention is the integer divide in g(h): H query heads share K
 key/value heads, H / K queries per group (multi-head attention is K = H).
 
-Attention sinks (gpt-oss) add one learned logit s[h] per head to the softmax's
+Attention sinks add one learned logit s[h] per head to the softmax's
 denominator, a key that every query sees and that carries no value:
 
     out[h]      = sum_j exp(score[h, j]) / (exp(s[h]) + sum_j' exp(score[h, j'])) * v[g(h), j]
 
 so a head can put weight "nowhere" instead of being forced onto some key.
 
-Image spans (Gemma 3): the tokens of one image, a run of positions [start, end),
+Image spans: the tokens of one image, a run of positions [start, end),
 see each other whatever their order, inside an otherwise causal (and sliding) mask:
 
     allowed(p, j) = (j <= p  or  p, j in the same image span)  and  p - j < W
 
-The window still bounds how far back a query looks, as in transformers' Gemma 3;
+The window still bounds how far back a query looks, as transformers does;
 a key ahead of the query (in its image) is always within it.
 
 A vision encoder's patches all see each other (``bidirectional_attention``): no
@@ -45,7 +45,7 @@ def attention_mask(
 ) -> np.ndarray:
     """query_positions: [T] -> allowed: [T, S] bool (True where the query may look).
 
-    image_spans: (start, end) position ranges whose tokens see each other (Gemma 3's images)."""
+    image_spans: (start, end) position ranges whose tokens see each other (a prompt's images)."""
     key_positions = np.arange(num_keys)
     distance = query_positions[:, None] - key_positions[None, :]  # [T, S]
     allowed = distance >= 0

@@ -1,4 +1,4 @@
-"""Token embedding: a row lookup, optionally scaled (Gemma multiplies by sqrt(D))."""
+"""Token embedding: a row lookup, optionally scaled (by sqrt(D), or a config's embedding multiplier)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """From patch features to image tokens: fewer, wider vectors than patches.
 
 A vision tower gives one feature of width Dv per patch, on a grid of G x G patches
-(P = G * G). The language model would be slow with that many tokens per image, so each
-family merges an s x s neighbourhood of patches into one image token:
+(P = G * G). The language model would be slow with that many tokens per image, so a
+connector merges an s x s neighbourhood of patches into one image token:
 
-Pixel shuffle (Idefics3, SmolVLM) keeps every number and stacks the neighbourhood's
+Pixel shuffle keeps every number and stacks the neighbourhood's
 features side by side, s * s * Dv wide; a projection then maps that to the text width.
 The features of token (I, J) are, in this order,
 
@@ -21,7 +21,7 @@ that is, row by row within the neighbourhood: Hugging Face's ``pixel_shuffle`` (
 view, two permutes and reshapes) gives exactly this order, and the projection's
 columns were trained on it.
 
-Average pooling (Gemma 3) averages the neighbourhood instead, keeping the width Dv:
+Average pooling averages the neighbourhood instead, keeping the width Dv:
 
     token[I * (G/s) + J] = mean over dy, dx of patch[(I*s + dy) * G + (J*s + dx)]
 """

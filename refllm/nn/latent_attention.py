@@ -1,4 +1,4 @@
-"""Multi-head latent attention (MLA, DeepSeek-V2/V3): keys and values decompressed from one small latent.
+"""Multi-head latent attention (MLA): keys and values decompressed from one small latent.
 
 Letters beyond the legend: C the latent width (``kv_lora_rank``), N the per-head
 query/key dims without RoPE (``qk_nope_head_dim``), P the RoPE dims
@@ -15,10 +15,10 @@ query's low-rank width (``q_lora_rank``). For a normed hidden state x [D]:
     attention  out = attention(q, k, v, scale)              [H, U], then o_proj
 
 The cache keeps the latent, not the H keys and values it expands into: per token
-and layer C + P numbers instead of 2 K E (DeepSeek-V3: 512 + 64 = 576 against
-2 x 128 x 192 = 49152 for its 128 heads without the latent). The price is
-``expand_latent`` on every cached token at every step. DeepSeek's own inference
-folds kv_b_proj into the query and the output instead ("absorption"): with
+and layer C + P numbers instead of 2 K E (with C = 512, P = 64 and 128 heads of
+192: 576 numbers against 2 x 128 x 192 = 49152). The price is ``expand_latent``
+on every cached token at every step. An implementation can fold kv_b_proj into
+the query and the output instead ("absorption"): with
 W_k[h] [N, C] and W_v[h] [U, C] the rows of kv_b_proj that make head h's key
 and value,
 
@@ -26,11 +26,11 @@ and value,
     sum_j p_j W_v[h] c_j   = W_v[h] (sum_j p_j c_j)         and the value projection comes after the sum
 
 which is multi-query attention over the cached latents themselves, keys
-[c | k_rope] and values c. ``absorbed_latent_attention`` is that twin, the fast
-op set's; the expanded form above is the spec.
+[c | k_rope] and values c. ``refllm.kernels.latent_attention.absorbed_latent_attention``
+is that twin, the fast op set's; the expanded form above is the spec.
 
-The latent norms use eps 1e-6 whatever the config's ``rms_norm_eps`` (as
-DeepSeek's code and transformers build them).
+The latent norms use eps 1e-6 whatever the model's other norms use (as the
+reference implementation and transformers build them).
 """
 
 from __future__ import annotations
@@ -75,25 +75,3 @@ def latent_attention(
     """
     k, v = expand_latent(latent[:, 0], kv_b_proj, q.shape[1], nope_dim)
     return attention(q, k, v, query_positions, scale, window, softcap)
-
-
-def absorbed_latent_attention(
-    q: np.ndarray,
-    latent: np.ndarray,
-    values: np.ndarray,
-    query_positions: np.ndarray,
-    scale: float,
-    window: int | None = None,
-    softcap: float | None = None,
-    *,
-    kv_b_proj: np.ndarray,
-    nope_dim: int,
-) -> np.ndarray:
-    """``latent_attention`` with kv_b_proj absorbed into the query and the output: the same [T, H, U]."""
-    num_heads, rank = q.shape[1], kv_b_proj.shape[1]
-    per_head = kv_b_proj.reshape(num_heads, -1, rank)  # [H, N + U, C]
-    key_rows, value_rows = per_head[:, :nope_dim], per_head[:, nope_dim:]  # [H, N, C], [H, U, C]
-    q_latent = np.einsum("thn,hnc->thc", q[..., :nope_dim], key_rows)  # [T, H, C]
-    q_absorbed = np.concatenate([q_latent, q[..., nope_dim:]], axis=-1)  # [T, H, C + P]
-    context = attention(q_absorbed, latent, latent[..., :rank], query_positions, scale, window, softcap)  # [T, H, C]
-    return np.einsum("thc,huc->thu", context, value_rows)

@@ -1,20 +1,22 @@
-"""The gated MLP: SwiGLU (Llama, Qwen, Mistral, Phi-3) and GeGLU (Gemma).
+"""The gated MLP: SwiGLU and GeGLU.
 
     mlp(x) = down( act(gate(x)) * up(x) )
 
-with act = SiLU for SwiGLU, and the tanh approximation of GELU for GeGLU.
-gpt-oss's experts use a clamped SwiGLU of their own (``clamped_swiglu``).
-Phi-3 stores gate and up as one ``gate_up_proj``; refllm splits it at load, so
-the function below is the only MLP there is.
+with act = SiLU for SwiGLU, and the tanh approximation of GELU for GeGLU; some
+experts use a clamped SwiGLU (``clamped_swiglu``). A checkpoint that stores gate
+and up as one ``gate_up_proj`` is split at load, so ``gated_mlp`` is the only MLP
+there is: the forward pass runs it for every dense MLP and every expert, handing
+it its op set's ``linear`` and gate.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
-from refllm import config
 from refllm.nn.linear import linear
 
 
@@ -30,23 +32,8 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(c * (x + 0.044715 * x * x * x)))
 
 
-# The functions of the activations a config may name, in the order config.ACTIVATIONS names them.
-ACTIVATIONS = dict(zip(config.ACTIVATIONS, (silu, gelu_tanh), strict=True))
-
-
-def gated_mlp(
-    x: np.ndarray,
-    gate_proj: np.ndarray,
-    up_proj: np.ndarray,
-    down_proj: np.ndarray,
-    activation: str = "silu",
-    gate_bias: np.ndarray | None = None,
-    up_bias: np.ndarray | None = None,
-    down_bias: np.ndarray | None = None,
-) -> np.ndarray:
-    """x: [..., D], gate_proj/up_proj: [F, D], down_proj: [D, F] -> [..., D]."""
-    hidden = gated(linear(x, gate_proj, gate_bias), linear(x, up_proj, up_bias), activation)  # [..., F]
-    return linear(hidden, down_proj, down_bias)
+# The activations a config may name (config.json's hidden_act), by that name.
+ACTIVATIONS = {"silu": silu, "gelu_pytorch_tanh": gelu_tanh}
 
 
 def gated(gate: np.ndarray, up: np.ndarray, activation: str = "silu") -> np.ndarray:
@@ -54,8 +41,31 @@ def gated(gate: np.ndarray, up: np.ndarray, activation: str = "silu") -> np.ndar
     return ACTIVATIONS[activation](gate) * up
 
 
+@dataclass
+class MLPWeights:
+    """One gated MLP (a dense layer's, or an expert's), [out, in] as checkpoints store linear layers."""
+
+    gate_proj: np.ndarray  # [F, D]
+    up_proj: np.ndarray  # [F, D]
+    down_proj: np.ndarray  # [D, F]
+    gate_proj_bias: np.ndarray | None = None  # [F]
+    up_proj_bias: np.ndarray | None = None  # [F]
+    down_proj_bias: np.ndarray | None = None  # [D]
+
+
+def gated_mlp(x: np.ndarray, w: MLPWeights, gate: Callable = gated, linear: Callable = linear) -> np.ndarray:
+    """x: [..., D] -> [..., D]: down( gate(gate_proj x, up_proj x) ), each projection with its bias.
+
+    gate: (gate [..., F], up [..., F]) -> [..., F], ``gated`` (SwiGLU) unless another is given (GeGLU:
+    ``gated`` with activation "gelu_pytorch_tanh"; ``clamped_swiglu``). linear: the projection
+    (``refllm.nn.linear.linear``, or an op set's twin).
+    """
+    hidden = gate(linear(x, w.gate_proj, w.gate_proj_bias), linear(x, w.up_proj, w.up_proj_bias))  # [..., F]
+    return linear(hidden, w.down_proj, w.down_proj_bias)
+
+
 def clamped_swiglu(gate: np.ndarray, up: np.ndarray, alpha: float, limit: float) -> np.ndarray:
-    """gpt-oss's gate: gate, up [..., F] -> [..., F].
+    """A clamped SwiGLU gate: gate, up [..., F] -> [..., F].
 
         g = min(gate, limit)                   u = clip(up, -limit, limit)
         out = (u + 1) * g * sigmoid(alpha * g)

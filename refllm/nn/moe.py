@@ -6,13 +6,17 @@ For a token x (one row of [T, D]) and a sparse layer with router W_r [X, D] (and
     ids, w   = route(logits)                                   [k], [k]  which experts, with what weight
     moe(x)   = sum_i  w[i] * expert_{ids[i]}(x)                each expert a gated MLP (refllm/nn/mlp.py)
 
-Routings, as the architectures define them:
+``mixture_of_experts`` is that, for every token of a batch; the forward pass runs
+it with its op set's projections and the routing its family names (the softmax
+routings below, or the grouped one of ``refllm/nn/moe_grouped.py``).
 
-    softmax_then_topk  (Mixtral, Qwen3-MoE)
+Routings:
+
+    softmax_then_topk
         p   = softmax(logits)                   over all X experts
         ids = top_k(p);  w = p[ids]
-        w   = w / sum(w)                        only when renormalising (Mixtral always, Qwen3-MoE per norm_topk_prob)
-    topk_then_softmax  (gpt-oss)
+        w   = w / sum(w)                        only when renormalising (norm_topk_prob)
+    topk_then_softmax
         ids = top_k(logits);  w = softmax(logits[ids])       over the k chosen only: the weights sum to 1
 
 Both give the same experts (softmax keeps the order); the weights differ unless renormalised.
@@ -27,24 +31,12 @@ only by accident, and docs/layers/moe.md shows what each side does then.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from refllm.nn.attention import softmax
-from refllm.nn.mlp import gated_mlp
-
-
-@dataclass
-class Expert:
-    """One expert's gated MLP, [out, in] as checkpoints store linear layers (M = the expert's MLP size)."""
-
-    gate_proj: np.ndarray  # [M, D]
-    up_proj: np.ndarray  # [M, D]
-    down_proj: np.ndarray  # [D, M]
-    gate_proj_bias: np.ndarray | None = None  # [M]
-    up_proj_bias: np.ndarray | None = None  # [M]
-    down_proj_bias: np.ndarray | None = None  # [D]
+from refllm.nn.linear import linear
+from refllm.nn.mlp import MLPWeights, gated_mlp
 
 
 def top_k(scores: np.ndarray, k: int) -> np.ndarray:
@@ -74,20 +66,12 @@ def topk_then_softmax(router_logits: np.ndarray, k: int) -> tuple[np.ndarray, np
     return ids, softmax(np.take_along_axis(router_logits, ids, axis=-1))
 
 
-def swiglu_expert(x: np.ndarray, expert: Expert) -> np.ndarray:
-    """x: [N, D] -> [N, D]: the expert's SwiGLU MLP, down(silu(gate(x)) * up(x))."""
-    return gated_mlp(
-        x, expert.gate_proj, expert.up_proj, expert.down_proj, "silu",
-        expert.gate_proj_bias, expert.up_proj_bias, expert.down_proj_bias,
-    )
-
-
 def experts_forward(
     x: np.ndarray,
     expert_ids: np.ndarray,
     expert_weights: np.ndarray,
-    experts: Sequence[Expert],
-    expert_mlp: Callable[[np.ndarray, Expert], np.ndarray] = swiglu_expert,
+    experts: Sequence[MLPWeights],
+    expert_mlp: Callable[[np.ndarray, MLPWeights], np.ndarray] = gated_mlp,
 ) -> np.ndarray:
     """x: [T, D], expert_ids / expert_weights: [T, k] (from a routing) -> [T, D].
 
@@ -104,3 +88,26 @@ def experts_forward(
         y = expert_mlp(x[tokens], expert)  # [N, D]
         out[tokens] += expert_weights[tokens, slots, None].astype(x.dtype) * y  # a token picks e at most once
     return out
+
+
+def mixture_of_experts(
+    x: np.ndarray,
+    router: np.ndarray,
+    router_bias: np.ndarray | None,
+    experts: Sequence[MLPWeights],
+    route: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]],
+    expert_mlp: Callable[[np.ndarray, MLPWeights], np.ndarray] = gated_mlp,
+    linear: Callable = linear,
+    shared: MLPWeights | None = None,
+) -> np.ndarray:
+    """x: [..., D] (normed) -> [..., D]: each token routed to its experts, their outputs mixed.
+
+    router: [X, D] (and router_bias [X]); route: router logits [T, X] -> (expert_ids [T, k],
+    expert_weights [T, k]), a routing above with its settings bound; expert_mlp: as ``experts_forward``'s;
+    linear: the router's projection; shared: shared experts, one MLP every token runs, added to the
+    mixture.
+    """
+    rows = x.reshape(-1, x.shape[-1])  # [T, D]: routing is per token
+    expert_ids, expert_weights = route(linear(rows, router, router_bias))
+    mixed = experts_forward(rows, expert_ids, expert_weights, experts, expert_mlp).reshape(x.shape)
+    return mixed if shared is None else mixed + expert_mlp(x, shared)

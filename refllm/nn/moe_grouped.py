@@ -1,4 +1,4 @@
-"""DeepSeek-V3's router: sigmoid scores, a bias that steers the choice only, group-limited top-k.
+"""Grouped routing: sigmoid scores, a bias that steers the choice only, group-limited top-k.
 
 Letters beyond the legend: X routed experts, G groups of X / G experts, k experts
 per token (``num_experts_per_tok``), g groups per token (``topk_group``). For a
@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from refllm.nn.moe import top_k
+
 TOP_IN_GROUP = 2  # a group is scored by the sum of its two best experts
 
 
@@ -31,15 +33,10 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
         return 1.0 / (1.0 + np.exp(-x))
 
 
-def top_k_indices(scores: np.ndarray, k: int) -> np.ndarray:
-    """scores: [T, X] -> [T, k] int64: the k largest per row, largest first, ties to the lower index."""
-    return np.argsort(-scores, axis=-1, kind="stable")[:, :k].astype(np.int64)
-
-
 def grouped_topk_routing(
     router_logits: np.ndarray,
     correction_bias: np.ndarray,
-    top_k: int,
+    experts_per_token: int,
     num_groups: int,
     groups_per_token: int,
     norm_topk_prob: bool,
@@ -51,11 +48,11 @@ def grouped_topk_routing(
     choice = scores + correction_bias  # [T, X]
     by_group = choice.reshape(tokens, num_groups, num_experts // num_groups)  # [T, G, X / G]
     group_scores = np.sort(by_group, axis=-1)[..., -TOP_IN_GROUP:].sum(axis=-1)  # [T, G]
-    kept_groups = top_k_indices(group_scores, groups_per_token)  # [T, g]
+    kept_groups = top_k(group_scores, groups_per_token)  # [T, g]
     kept = np.zeros((tokens, num_groups), dtype=bool)
     np.put_along_axis(kept, kept_groups, True, axis=-1)
     choice = np.where(np.repeat(kept, num_experts // num_groups, axis=-1), choice, -np.inf)
-    expert_ids = top_k_indices(choice, top_k)  # [T, k]
+    expert_ids = top_k(choice, experts_per_token)  # [T, k]
     weights = np.take_along_axis(scores, expert_ids, axis=-1)  # the bias chose; the scores weigh
     if norm_topk_prob:
         weights = weights / (weights.sum(axis=-1, keepdims=True) + 1e-20)

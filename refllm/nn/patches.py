@@ -1,4 +1,4 @@
-"""From pixels to patch embeddings: the first step of a vision transformer (SigLIP).
+"""From pixels to patch embeddings: the first step of a vision transformer.
 
 Shapes: N images of C channels, H x W pixels, cut into patches of Z x Z pixels on a
 grid of Gh x Gw = (H // Z) x (W // Z) patches; P = Gh * Gw patches per image; Dv the
@@ -18,9 +18,9 @@ padding; W [Dv, C, Z, Z]):
 Pixels past the last whole patch (H or W not a multiple of Z) are dropped, as the
 convolution drops them.
 
-Position embeddings. SigLIP learns one vector per cell of an S x S grid (S = image_size
+Position embeddings. The tower learns one vector per cell of an S x S grid (S = image_size
 // Z) and adds it to the patch in that cell. An image of Gh x Gw patches with Gh = Gw = S
-reads the table in order. Idefics3 (SmolVLM) also takes images whose real content covers
+reads the table in order. Some towers also take images whose real content covers
 only nh x nw patches of the grid (the rest padding, masked out): patch (i, j) then takes
 the cell its fractional position falls into,
 
@@ -57,7 +57,7 @@ def patch_position_ids(patch_mask: np.ndarray, grid_side: int) -> np.ndarray:
 
     A full S x S mask gives 0 .. S*S - 1 in order. (transformers computes the same cells with float32
     fractions and ``torch.bucketize``, which for a few grid sides, S = 19 the smallest, rounds a fraction
-    i / nh that equals a cell boundary down into the cell before; no released SigLIP grid is among them:
+    i / nh that equals a cell boundary down into the cell before; no released tower's grid is among them:
     tests/test_vision_spec.py lists them.)"""
     N, Gh, Gw = patch_mask.shape
     rows = patch_mask[:, :, 0].sum(axis=1)  # [N] nh: rows of real patches

@@ -1,8 +1,8 @@
 """Resizing an 8-bit image the way Pillow does, in NumPy: the image processors' resampling.
 
 Hugging Face's image processors resize with Pillow (``Image.resize``), on the 8-bit
-image, before anything is rescaled. Pillow resamples separably, first along each row
-and then along each column, each pass a weighted sum of input pixels:
+image, before anything is rescaled. Pillow resamples separably, along each row and
+along each column, each pass a weighted sum of input pixels:
 
     out[o] = sum_k w[o, k] * in[first[o] + k]
 
@@ -21,8 +21,10 @@ shifted back and clipped to 0 .. 255:
 
     W[o, k] = round(w[o, k] * 2^22)        out[o] = clip((2^21 + sum_k W[o, k] * in[first[o] + k]) >> 22, 0, 255)
 
-so a pass rounds to the nearest level. The row pass ends in 8 bits before the column pass
-reads it, as in Pillow.
+so a pass rounds to the nearest level. The first pass ends in 8 bits before the second
+reads it, so the order of the passes matters. Pillow (from version 13) runs the column
+pass first when the height loses more than twice as many pixels as the width does, and
+the row pass first otherwise (``column_pass_first``); so does this module.
 
 Filters (Pillow's numbering, which ``preprocessor_config.json``'s ``resample`` uses):
 box (4), bilinear (2, a triangle), hamming (5), bicubic (3, a = -0.5) and lanczos (1,
@@ -50,7 +52,8 @@ def _bilinear(x: np.ndarray) -> np.ndarray:
 def _hamming(x: np.ndarray) -> np.ndarray:
     x = np.abs(x)
     turned = np.pi * np.where(x == 0, 1.0, x)
-    window = np.sin(turned) / turned * (0.54 + 0.46 * np.cos(turned))
+    # Pillow writes the window's constants as C floats (0.54f, 0.46f): their float32 values, not 0.54 and 0.46
+    window = np.sin(turned) / turned * (float(np.float32(0.54)) + float(np.float32(0.46)) * np.cos(turned))
     return np.where(x == 0, 1.0, np.where(x >= 1, 0.0, window))
 
 
@@ -114,15 +117,23 @@ def _pass(image: np.ndarray, out_size: int, resample: int, axis: int) -> np.ndar
     return np.moveaxis(out, 0, axis)
 
 
+def column_pass_first(in_height: int, in_width: int, height: int, width: int) -> bool:
+    """Pillow's order of the passes (version 13 on): columns first when the height loses more than twice
+    as many pixels as the width does: H - height > 0 and H - height > 2 * (W - width)."""
+    return in_height - height > 0 and in_height - height > 2 * (in_width - width)
+
+
 def resize(image: np.ndarray, height: int, width: int, resample: int) -> np.ndarray:
     """image: uint8 [H, W, C] -> uint8 [height, width, C]: Pillow's ``Image.resize((width, height), resample)``.
 
-    Rows first, then columns; an axis whose size does not change is left alone (its weights would be
-    the identity)."""
+    Rows first, then columns, unless ``column_pass_first``; an axis whose size does not change is left
+    alone (its weights would be the identity)."""
     if resample not in FILTERS:
         raise ValueError(f"resample filter {resample} is not one of Pillow's {sorted(FILTERS)}")
-    if width != image.shape[1]:
-        image = _pass(image, width, resample, axis=1)
-    if height != image.shape[0]:
-        image = _pass(image, height, resample, axis=0)
+    passes = [(width, 1), (height, 0)]  # (size, axis): the row pass resizes axis 1, the width
+    if column_pass_first(image.shape[0], image.shape[1], height, width):
+        passes.reverse()
+    for size, axis in passes:
+        if size != image.shape[axis]:
+            image = _pass(image, size, resample, axis)
     return image

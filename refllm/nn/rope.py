@@ -16,30 +16,34 @@ The scaling variants only change ``inv_freq`` (and, for YaRN, scale cos/sin):
   llama3   low frequencies divided by ``factor``, high ones kept, a smooth band between
   yarn     a ramp between interpolated and original frequencies, and an attention factor
 
-Checkpoints that use the interleaved pairing (i, i + 1), like GGUF's llama
-files, are converted to this layout at load; the spec knows one convention.
+Checkpoints that use the interleaved pairing (2i, 2i + 1), as llama.cpp's files
+of some architectures and some families' own do, are converted to this layout at
+load; the spec knows one convention.
 
-A NoPE layer (SmolLM3's every fourth, ``ModelConfig.nope_layers``) skips the
-rotation: its q.k sees what the tokens are, not where; only the causal mask
-orders them.
+A NoPE layer (no positional encoding) skips the rotation: its q.k sees what the
+tokens are, not where; only the causal mask orders them.
+
+``params`` is one layer type's settings (``refllm.rope_parameters.RopeParameters``:
+theta, rope_type, factor, partial_rotary_factor and the variants' own fields).
+``rope_cos_sin`` computes the angles of the positions a forward pass covers, anew
+each call; the fast op set keeps them in a table instead (``refllm.kernels.rope.RopeTable``).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
-from refllm.config import RopeParameters
 
-
-def rotary_dims(params: RopeParameters, head_dim: int) -> int:
+def rotary_dims(params: Any, head_dim: int) -> int:
     """R: how many dimensions of each head are rotated."""
     return int(head_dim * params.partial_rotary_factor)
 
 
 def inverse_frequencies(
-    params: RopeParameters, head_dim: int, max_position_embeddings: int, seq_len: int | None = None
+    params: Any, head_dim: int, max_position_embeddings: int, seq_len: int | None = None
 ) -> tuple[np.ndarray, float]:
     """-> (inv_freq [R/2] float64, attention_factor).
 
@@ -68,7 +72,7 @@ def inverse_frequencies(
     return inv_freq, attention_factor
 
 
-def _llama3_frequencies(inv_freq: np.ndarray, params: RopeParameters) -> np.ndarray:
+def _llama3_frequencies(inv_freq: np.ndarray, params: Any) -> np.ndarray:
     """Keep short wavelengths, divide long ones by ``factor``, blend the band between."""
     old_context = params.original_max_position_embeddings
     low_freq_wavelen = old_context / params.low_freq_factor
@@ -81,9 +85,7 @@ def _llama3_frequencies(inv_freq: np.ndarray, params: RopeParameters) -> np.ndar
     return np.where(in_band, smoothed, scaled)
 
 
-def _yarn_frequencies(
-    inv_freq: np.ndarray, params: RopeParameters, dim: int, base: float
-) -> tuple[np.ndarray, float]:
+def _yarn_frequencies(inv_freq: np.ndarray, params: Any, dim: int, base: float) -> tuple[np.ndarray, float]:
     """YaRN: interpolate low frequencies, extrapolate high ones, ramp between."""
     factor = params.factor
 
@@ -145,31 +147,13 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     return np.concatenate([rotated, x_pass], axis=-1) if x_pass.shape[-1] else rotated
 
 
-class RopeTable:
-    """cos/sin for positions [0, n), computed once and grown on demand.
+def rope_cos_sin(
+    params: Any, head_dim: int, max_position_embeddings: int, positions: np.ndarray, dtype=np.float32
+) -> tuple[np.ndarray, np.ndarray]:
+    """positions: [B, T] -> cos, sin: [B, T, R] in ``dtype``, for the layer type whose settings are ``params``.
 
-    Dynamic NTK scaling depends on the sequence length, so past
-    ``max_position_embeddings`` its angles are recomputed for each forward pass,
-    as Hugging Face does.
+    Dynamic NTK scaling grows the base with the longest position covered, as Hugging Face does.
     """
-
-    def __init__(self, params: RopeParameters, head_dim: int, max_position_embeddings: int, dtype=np.float32):
-        self.params = params
-        self.head_dim = head_dim
-        self.max_position_embeddings = max_position_embeddings
-        self.dtype = np.dtype(dtype)
-        self.inv_freq, self.attention_factor = inverse_frequencies(params, head_dim, max_position_embeddings)
-        empty = np.zeros((0, rotary_dims(params, head_dim)), self.dtype)
-        self.table = (empty, empty)  # (cos, sin), replaced whole so a concurrent reader never mixes sizes
-
-    def lookup(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """positions: [B, T] -> cos, sin: [B, T, R]."""
-        seq_len = int(positions.max()) + 1
-        if self.params.rope_type == "dynamic" and seq_len > self.max_position_embeddings:
-            inv_freq, factor = inverse_frequencies(self.params, self.head_dim, self.max_position_embeddings, seq_len)
-            return cos_sin(inv_freq, positions, factor, self.dtype)
-        cos, sin = self.table
-        if seq_len > len(cos):
-            size = max(seq_len, 2 * len(cos), 256)
-            cos, sin = self.table = cos_sin(self.inv_freq, np.arange(size), self.attention_factor, self.dtype)
-        return cos[positions], sin[positions]
+    seq_len = int(positions.max()) + 1
+    inv_freq, attention_factor = inverse_frequencies(params, head_dim, max_position_embeddings, seq_len)
+    return cos_sin(inv_freq, positions, attention_factor, dtype)

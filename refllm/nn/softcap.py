@@ -3,10 +3,9 @@
     soft_cap(x) = cap * tanh(x / cap)
 
 Near zero it is the identity (tanh(u) ~ u), far out it flattens at +-cap, so no
-score or logit can run away. Gemma 2 caps attention scores (after scaling,
-before the causal mask, so the mask's -inf stays -inf: a capped -inf would be
--cap and let masked keys back in) and the final logits; Gemma 3 keeps only the
-final-logit cap.
+score or logit can run away. Attention scores are capped after scaling, before
+the causal mask, so the mask's -inf stays -inf (a capped -inf would be -cap and
+let masked keys back in); final logits may be capped too.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from refllm.errors import InvalidInputError
-from refllm.models.llama import LlamaFamilyModel
+from refllm.models.decoder import DecoderModel
 from refllm.runtime.checks import check_prompt
 from refllm.runtime.engine import CompletionDelta, Engine
 from refllm.runtime.executor import LLMExecutor
@@ -62,7 +62,7 @@ class OpenAIServer:
         self.model_name = model_name
         self.tokenizer = engine.tokenizer
         llm = getattr(engine.executor, "llm", None)  # an LLMExecutor's; a scripted one has no model behind it
-        self.model: LlamaFamilyModel | None = llm.model if isinstance(llm, LLM) else None
+        self.model: DecoderModel | None = llm.model if isinstance(llm, LLM) else None
         processor = getattr(self.model, "image_processor", None) if engine.info.vision else None
         self.inputs = RequestInputs(engine.tokenizer, engine.info.context_length, model_name, limits, processor)
         self.embedder = Embedder(self.model) if self.model is not None else None
@@ -343,7 +343,7 @@ class OpenAIServer:
 
 
 def create_app(
-    engine_or_model: Engine | LlamaFamilyModel,
+    engine_or_model: Engine | DecoderModel,
     *,
     model_name: str | None = None,
     max_batch_size: int | None = None,

@@ -13,12 +13,12 @@ import base64
 import anyio
 import numpy as np
 
-from refllm.models.llama import LlamaFamilyModel
+from refllm.models.decoder import DecoderModel
 from refllm.runtime.embedding import pooled_hidden_states
 
 
 class Embedder:
-    def __init__(self, model: LlamaFamilyModel):
+    def __init__(self, model: DecoderModel):
         self.model = model
         self._turn = anyio.Lock()  # one forward pass at a time, handed on first come, first served
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from starlette.applications import Starlette
 
-from refllm.models.llama import LlamaFamilyModel
+from refllm.models.decoder import DecoderModel
 from refllm.runtime.engine import Engine
 from refllm.server.app import create_app
 from refllm.server.connections import GuardedServer, server_config
@@ -17,7 +17,7 @@ from refllm.server.limits import ServerLimits
 
 
 def serve(
-    engine_or_model: Engine | LlamaFamilyModel,
+    engine_or_model: Engine | DecoderModel,
     *,
     host: str = "127.0.0.1",
     port: int = 8000,

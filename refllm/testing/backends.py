@@ -203,7 +203,7 @@ class ModelBackend(Backend):
         hook = getattr(self.model, "hidden_states", None)
         if callable(hook):
             return np.asarray(hook(tokens))
-        if hasattr(self.model, "decoder_layer") and hasattr(self.model, "weights"):
+        if hasattr(self.model, "layers") and hasattr(self.model, "weights"):
             return refllm_layer_states(self.model, tokens, self.cache_config)
         return None
 
@@ -222,14 +222,14 @@ class ModelBackend(Backend):
 
 
 def refllm_layer_states(model, tokens: Sequence[int], cache_config: CacheConfig | None = None) -> np.ndarray:
-    """Run a refllm-family model layer by layer through ``decoder_layer`` -> [L + 1, T, D]."""
+    """Run a ``DecoderModel`` layer by layer, through the layer objects its recipe built -> [L + 1, T, D]."""
     x = model.embed(_ids([tokens]))  # [1, T, D]
     cache = model.create_kv_cache(cache_config)
     positions = np.arange(len(tokens))[None]  # [1, T]
     cache.reserve([0], len(tokens))
     states = [x[0]]
-    for layer, weights in enumerate(model.weights.layers):
-        x = model.decoder_layer(layer, weights, x, positions, cache, [0])
+    for layer in model.layers:
+        x = layer(x, positions, cache, [0])
         states.append(x[0])
     return np.stack(states)
 
@@ -329,7 +329,7 @@ class LLMBackend(Backend):
         if callable(hook):
             return np.asarray(hook(tokens))
         model = getattr(self.llm, "model", None)  # refllm's LLM: diagnose through its model
-        if hasattr(model, "decoder_layer") and hasattr(model, "weights"):
+        if hasattr(model, "layers") and hasattr(model, "weights"):
             return refllm_layer_states(model, tokens)
         return None
 

@@ -1,6 +1,6 @@
 """Checkpoint: one model's config and weights, handed to the reference and to the backend under test.
 
-A Checkpoint is a ``ModelSource`` (so ``LlamaFamilyModel.load(checkpoint)``
+A Checkpoint is a ``ModelSource`` (so ``DecoderModel.load(checkpoint)``
 builds the reference from it) that also offers what a foreign backend needs
 to build the same model: the ``config.json`` dict and the weights in Hugging
 Face naming and layout, in memory (``tensors``) or as files (``path``, a
@@ -114,12 +114,12 @@ class Checkpoint:
         save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
 
     def reference(self, dtype: str = "float32"):
-        """The reference: refllm's LlamaFamilyModel over these weights with the spec ops, in ``dtype``
+        """The reference: refllm's DecoderModel over these weights with the spec ops, in ``dtype``
         (float32; float64 is the truth every error is measured against). Built once per dtype."""
         if dtype not in self._models:
-            from refllm.models.llama import LlamaFamilyModel
+            from refllm.models.decoder import DecoderModel
 
-            self._models[dtype] = LlamaFamilyModel.load(self, dtype=dtype, reference=True)
+            self._models[dtype] = DecoderModel.load(self, dtype=dtype, reference=True)
         return self._models[dtype]
 
     def weights_sha256(self) -> str:

@@ -1,19 +1,23 @@
 """Tiny ``config.json`` dicts for tests, one per architecture refllm supports.
 
 Hugging Face spellings, so that refllm (``ModelConfig.from_hf``) and
-transformers (``AutoConfig.for_model``) both build the model they describe.
+transformers (``AutoConfig.for_model``) both build the model they describe:
+a shared tiny base, and over it the keys that switch on what each family does
+differently (its family module's ``tiny_config``, ``refllm/families/``).
 The hypothesis strategies in ``strategies.py`` draw variations of these.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
-from refllm.config import SUPPORTED_ARCHITECTURES
 from refllm.errors import InvalidInputError
+from refllm.families import MODEL_TYPES
 
-# gemma3 wraps gemma3_text and idefics3 a llama: their images are refllm/testing/vision.py's
-ARCHITECTURES = tuple(a for a in SUPPORTED_ARCHITECTURES if a not in ("gemma3", "idefics3"))
+# every model type with a tiny config of its own (gemma3 wraps gemma3_text and idefics3 a llama: their
+# images are refllm/testing/vision.py's)
+ARCHITECTURES = tuple(name for name, architecture in MODEL_TYPES.items() if architecture.tiny_config is not None)
 
 
 class UnknownArchitectureError(InvalidInputError):
@@ -32,38 +36,10 @@ def check_architectures(names) -> tuple[str, ...]:
 
 
 CLASS_NAMES = {  # the transformers causal-LM class of each architecture, for config.json's "architectures"
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "phi3": "Phi3ForCausalLM",
-    "gemma3_text": "Gemma3ForCausalLM",
-    "gemma2": "Gemma2ForCausalLM",
-    "smollm3": "SmolLM3ForCausalLM",
-    "olmo2": "Olmo2ForCausalLM",
-    "mixtral": "MixtralForCausalLM",
-    "qwen3_moe": "Qwen3MoeForCausalLM",
-    "gpt_oss": "GptOssForCausalLM",
-    "deepseek_v3": "DeepseekV3ForCausalLM",
+    model_type: MODEL_TYPES[model_type].hf_class for model_type in ARCHITECTURES
 }
-
-# DeepSeek-V3's latent attention and grouped experts, tiny; transformers' MLA needs K = H.
-DEEPSEEK_TINY = dict(
-    num_key_value_heads=4,
-    q_lora_rank=12,
-    kv_lora_rank=8,
-    qk_nope_head_dim=4,
-    qk_rope_head_dim=4,
-    v_head_dim=6,
-    moe_intermediate_size=16,
-    n_routed_experts=8,
-    num_experts_per_tok=2,
-    n_group=4,
-    topk_group=2,
-    n_shared_experts=1,
-    routed_scaling_factor=2.5,
-    first_k_dense_replace=1,
-)
+# config.json keys of its own each family's draws vary (strategies.py), with the values to draw from
+DRAWN_KEYS = {model_type: MODEL_TYPES[model_type].drawn_keys for model_type in ARCHITECTURES}
 
 
 def tiny_config_json(model_type: str, sliding_window: int = 5) -> dict[str, Any]:
@@ -83,34 +59,7 @@ def tiny_config_json(model_type: str, sliding_window: int = 5) -> dict[str, Any]
         bos_token_id=1,
         eos_token_id=2,
     )
-    extra = {
-        "llama": dict(attention_bias=True),
-        "mistral": dict(sliding_window=sliding_window),
-        "qwen2": dict(use_sliding_window=True, sliding_window=sliding_window, max_window_layers=1),
-        "qwen3": dict(head_dim=12),
-        "phi3": dict(partial_rotary_factor=0.5),
-        "gemma3_text": dict(
-            head_dim=8, sliding_window=sliding_window, layer_types=["sliding_attention", "full_attention"]
-        ),
-        # caps low enough that tiny random scores and logits reach them
-        "gemma2": dict(
-            head_dim=8,
-            sliding_window=sliding_window,
-            query_pre_attn_scalar=8,
-            attn_logit_softcapping=2.0,
-            final_logit_softcapping=3.0,
-        ),
-        "smollm3": dict(no_rope_layer_interval=2),  # the second of the two layers runs without RoPE
-        "olmo2": dict(head_dim=12),
-        "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=sliding_window),
-        "qwen3_moe": dict(
-            head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, mlp_only_layers=[1]
-        ),
-        "gpt_oss": dict(
-            head_dim=8, num_local_experts=4, num_experts_per_tok=2, sliding_window=sliding_window, swiglu_limit=1.0,
-            rope_parameters={"rope_type": "yarn", "rope_theta": 150_000.0, "factor": 2.0, "truncate": False,
-                             "original_max_position_embeddings": 32},
-        ),
-        "deepseek_v3": DEEPSEEK_TINY,
-    }[model_type]
+    extra = copy.deepcopy(MODEL_TYPES[model_type].tiny_config)
+    if "sliding_window" in extra:
+        extra["sliding_window"] = sliding_window
     return base | extra

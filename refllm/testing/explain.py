@@ -61,34 +61,10 @@ def count(n: int, noun: str) -> str:
 
 
 def describe_model(checkpoint: Checkpoint) -> str:
-    """One line with every flag that changes the arithmetic."""
+    """One line with every setting that changes the arithmetic: the sizes, then the recipe."""
     c = checkpoint.config
-    parts = [
-        f"{c.model_type}, {count(c.num_hidden_layers, 'layer')},"
-        f" D={c.hidden_size} H={c.num_attention_heads} K={c.num_key_value_heads} E={c.head_dim}"
-        f" F={c.intermediate_size} V={c.vocab_size}"
-    ]
-    for layer_type, rope in sorted(c.rope.items()):
-        scaling = "" if rope.rope_type == "default" else f" ({rope.rope_type} x{rope.factor:g})"
-        partial = "" if rope.partial_rotary_factor == 1 else f", rotary {rope.partial_rotary_factor:g}"
-        label = f"{layer_type} " if len(c.rope) > 1 else ""
-        parts.append(f"{label}rope theta {rope.theta:g}{scaling}{partial}")
-    if c.sliding_window is not None and "sliding_attention" in c.layer_types:
-        pattern = "".join("S" if t == "sliding_attention" else "F" for t in c.layer_types)
-        parts.append(f"window {c.sliding_window} (layers {pattern})")
-    flags = [name for name, on in [
-        ("qkv bias", c.qkv_bias), ("o bias", c.o_proj_bias), ("mlp bias", c.mlp_bias), ("q/k norm", c.qk_norm),
-        ("(1+w) norms", c.norm_weight_offset), ("sandwich norms", c.sandwich_norms), ("tied", c.tie_word_embeddings),
-        ("post-norms", c.post_norms), ("q/k norm over the projection", c.qk_norm_whole),
-    ] if on]  # fmt: skip
-    if c.nope_layers:
-        flags.append(f"no RoPE on layers {', '.join(map(str, c.nope_layers))}")
-    if c.attn_logit_softcapping:
-        flags.append(f"attention cap {c.attn_logit_softcapping:g}")
-    if c.final_logit_softcapping:
-        flags.append(f"logit cap {c.final_logit_softcapping:g}")
-    parts.append(f"eps {c.rms_norm_eps:g}, {c.hidden_act}, scale {c.attention_scale:.4g}")
-    return ", ".join(parts + flags) + f"; {checkpoint.description}"
+    sizes = f"{c.model_type}, {count(c.num_hidden_layers, 'layer')}, D={c.hidden_size} V={c.vocab_size}"
+    return "; ".join([sizes, *c.describe(), checkpoint.description])
 
 
 def state_name(index: int) -> str:

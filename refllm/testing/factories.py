@@ -59,19 +59,19 @@ def factory_spec(factory: Callable) -> str | None:
 
 def refllm_paged(checkpoint) -> ModelBackend:
     """refllm's fast path: the Numba kernels over a paged arena."""
-    from refllm.models.llama import LlamaFamilyModel
+    from refllm.models.decoder import DecoderModel
 
     return ModelBackend(
-        LlamaFamilyModel.load(checkpoint), CacheConfig(kind="paged", block_size=BLOCK_SIZE), "refllm paged"
+        DecoderModel.load(checkpoint), CacheConfig(kind="paged", block_size=BLOCK_SIZE), "refllm paged"
     )
 
 
 def refllm_llm(checkpoint) -> LLMBackend:
     """refllm's runtime: ``refllm.runtime.llm.LLM`` (cache ids over one paged arena, prefix caching on)."""
-    from refllm.models.llama import LlamaFamilyModel
+    from refllm.models.decoder import DecoderModel
     from refllm.runtime.llm import LLM
 
-    model = LlamaFamilyModel.load(checkpoint)
+    model = DecoderModel.load(checkpoint)
 
     def with_capacity(tokens: int) -> LLM:
         return LLM(model, CacheConfig(kind="paged", block_size=BLOCK_SIZE, num_blocks=tokens // BLOCK_SIZE))

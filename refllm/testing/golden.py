@@ -24,7 +24,7 @@ import numpy as np
 
 import refllm
 from refllm.errors import InvalidInputError
-from refllm.models.llama import dtype_name
+from refllm.models.decoder import dtype_name
 from refllm.testing.backends import Backend, as_backend
 from refllm.testing.checkpoint import Checkpoint
 from refllm.testing.explain import count, state_name

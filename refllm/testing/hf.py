@@ -26,6 +26,7 @@ import inspect
 import numpy as np
 
 from refllm.errors import InvalidInputError, TokenOutOfRangeError, UnknownSequenceError, WeightError
+from refllm.moe_parameters import MoeParameters
 from refllm.testing.backends import Backend
 
 
@@ -139,7 +140,7 @@ def transformers_backend(checkpoint) -> TransformersBackend:
     import torch
     import transformers
 
-    if checkpoint.config.moe is not None:
+    if isinstance(checkpoint.config.experts, MoeParameters):
         # the Hub's per-expert tensors: transformers' own loader fuses them into its 3-D expert tensors
         model = transformers.AutoModelForCausalLM.from_pretrained(
             checkpoint.path, attn_implementation="eager", dtype=torch.float32

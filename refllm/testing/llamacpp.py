@@ -53,11 +53,11 @@ def unsupported_reason(checkpoint: Checkpoint) -> str | None:
         return "sliding windows"
     if any(p.rope_type not in ("default", "linear") for p in c.rope.values()):
         return "RoPE scaling other than linear"
-    if c.final_logit_softcapping or c.attn_logit_softcapping:
+    if c.final_logit_softcapping or c.attention.softcap:
         return "soft-capping"
-    if c.hidden_act != "silu":
-        return f"{c.hidden_act} (these llama.cpp architectures gate with SiLU)"
-    if c.model_type == "qwen3" and c.qkv_bias:
+    if c.mlp.activation != "silu":
+        return f"{c.mlp.activation} (these llama.cpp architectures gate with SiLU)"
+    if c.model_type == "qwen3" and c.attention.bias:
         return "q/k/v biases on qwen3"
     return None
 
@@ -81,19 +81,20 @@ def write_gguf(checkpoint: Checkpoint, path: str | Path, dtype: str = "float32")
     import gguf
 
     c, arch = checkpoint.config, ARCHES[checkpoint.config.model_type]
+    H, K, E = c.attention.num_heads, c.attention.num_kv_heads, c.attention.head_dim
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_context_length(c.max_position_embeddings)
     writer.add_embedding_length(c.hidden_size)
     writer.add_block_count(c.num_hidden_layers)
-    writer.add_feed_forward_length(c.intermediate_size)
-    writer.add_head_count(c.num_attention_heads)
-    writer.add_head_count_kv(c.num_key_value_heads)
-    writer.add_key_length(c.head_dim)
-    writer.add_value_length(c.head_dim)
-    writer.add_layer_norm_rms_eps(c.rms_norm_eps)
+    writer.add_feed_forward_length(c.mlp.intermediate_size)
+    writer.add_head_count(H)
+    writer.add_head_count_kv(K)
+    writer.add_key_length(E)
+    writer.add_value_length(E)
+    writer.add_layer_norm_rms_eps(c.norms.eps)
     rope = c.rope_for_layer(0)
     writer.add_rope_freq_base(rope.theta)
-    writer.add_rope_dimension_count(int(c.head_dim * rope.partial_rotary_factor))
+    writer.add_rope_dimension_count(int(E * rope.partial_rotary_factor))
     if rope.rope_type == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(rope.factor)
@@ -109,7 +110,7 @@ def write_gguf(checkpoint: Checkpoint, path: str | Path, dtype: str = "float32")
         if name == "lm_head.weight" and c.tie_word_embeddings:
             continue  # tied: the head is the embedding table
         if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
-            heads = c.num_attention_heads if ".q_proj." in name else c.num_key_value_heads
+            heads = H if ".q_proj." in name else K
             array = _permute_rows(array, heads)
         keep_float32 = array.ndim == 1 or dtype == "float32"
         writer.add_tensor(gguf_name(name), np.ascontiguousarray(array, np.float32 if keep_float32 else np.float16))

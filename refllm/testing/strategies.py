@@ -25,7 +25,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from refllm.testing.checkpoint import Checkpoint
-from refllm.testing.configs import ARCHITECTURES, CLASS_NAMES, check_architectures
+from refllm.testing.configs import ARCHITECTURES, CLASS_NAMES, DRAWN_KEYS, check_architectures
 
 SPECIAL_IDS = (0, 1, 2)  # pad, bos, eos in every drawn config
 MAX_POSITION_EMBEDDINGS = 64  # of every drawn config but the dynamic NTK ones (16, so inputs run past it)
@@ -156,7 +156,8 @@ def hf_configs(draw, architectures: tuple[str, ...] = ARCHITECTURES, long_horizo
             sliding_window=window,
             max_window_layers=draw(st.integers(0, layers)),
         )
-    return config
+    # a family's own keys, as its module declares the values to draw (refllm/families/)
+    return config | {key: draw(st.sampled_from(values)) for key, values in DRAWN_KEYS[model_type].items()}
 
 
 MOE_ARCHITECTURES = ("mixtral", "qwen3_moe", "gpt_oss")

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
-from refllm.architectures.vision import MultimodalConfig, read_multimodal
+from refllm.families.vision import MultimodalConfig, read_multimodal
 from refllm.config import ModelConfig
 from refllm.kv import CacheConfig
 from refllm.models.connector import connector_shapes
@@ -39,8 +39,6 @@ from refllm.testing.configs import tiny_config_json
 from refllm.testing.tolerances import Tolerance, get_profile
 
 FAMILIES = ("idefics3", "gemma3")
-PREFIXES = {"idefics3": ("model.vision_model.", "model.connector."),
-            "gemma3": ("vision_tower.vision_model.", "multi_modal_projector.")}  # fmt: skip
 
 
 @st.composite
@@ -102,7 +100,7 @@ def random_vision_checkpoint(config_json: dict[str, Any], seed: int = 0, std: fl
     multimodal = read_multimodal(config_json, config.hidden_size)
     tensors = random_tensors(config, seed, std)
     rng = np.random.default_rng(seed + 1)
-    tower, connector = PREFIXES[multimodal.model_type]
+    tower, connector = multimodal.tower_prefixes[0], multimodal.connector_prefixes[0]  # as the Hub's files name them
     shapes = {tower + k: v for k, v in vision_tower_shapes(multimodal.vision).items()}
     shapes |= {connector + k: v for k, v in connector_shapes(multimodal).items()}
     for name, shape in shapes.items():

@@ -10,18 +10,23 @@ Two families, each a SigLIP vision tower in front of a text model:
               and projected; the tokens of one image attend to each other
 
 The text model's fields come from ``text_config`` through its family's reader (``read_idefics3``
-here, ``read_gemma3`` in ``gemma.py``); ``read_multimodal`` reads the rest.
+here, ``read_gemma3`` in ``gemma.py``); ``read_multimodal`` reads the rest, and decides once what the
+model classes run: the connector (``ImageConnector``), whether an image's tokens see each other, and
+where the checkpoint keeps the tower and the connector. The registry knows idefics3 by this module's
+``ARCHITECTURES``; its text model is Llama's recipe and tensors.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
-from refllm.architectures.keys import HFKeys
-from refllm.architectures.llama import read_llama
 from refllm.config_checks import MAX_LAYERS, check_number, check_token_id
 from refllm.errors import ConfigError
+from refllm.families.family import Architecture
+from refllm.families.keys import HFKeys
+from refllm.families.llama import layer_tensors, read_llama
 
 VISION_ACTIVATIONS = ("gelu_pytorch_tanh",)
 MULTIMODAL_TYPES = ("idefics3", "gemma3")
@@ -61,6 +66,22 @@ class VisionConfig:
         return D * self.num_channels * Z * Z + D + self.grid_side**2 * D + self.num_hidden_layers * per_layer + 2 * D
 
 
+class ImageConnector(Enum):
+    """How an s x s neighbourhood of patch features becomes one image token (refllm/models/connector.py)."""
+
+    PIXEL_SHUFFLE = "pixel-shuffled"  # stacked side by side, s*s*Dv wide, then a linear projection: idefics3
+    POOLED = "pooled"  # averaged, RMS-normed (the (1 + w) form), then x @ W [Dv, D]: gemma3
+
+
+# Where each family's checkpoints keep the tower and the connector: the Hub's files, then what
+# transformers' model classes and save_pretrained (5.x) name them.
+TOWER_PREFIXES = {"idefics3": ("model.vision_model.",),
+                  "gemma3": ("vision_tower.vision_model.", "model.vision_tower.vision_model.", "vision_tower.",
+                             "model.vision_tower.")}  # fmt: skip
+CONNECTOR_PREFIXES = {"idefics3": ("model.connector.",),
+                      "gemma3": ("multi_modal_projector.", "model.multi_modal_projector.")}  # fmt: skip
+
+
 @dataclass(frozen=True)
 class MultimodalConfig:
     """How a vision-language checkpoint turns images into text-model tokens."""
@@ -68,8 +89,12 @@ class MultimodalConfig:
     model_type: str  # "idefics3" or "gemma3"
     vision: VisionConfig
     image_token_id: int  # the placeholder token each image feature replaces
-    scale: int  # patches merged per side into one image token: pixel shuffle (idefics3) or pooling (gemma3)
+    scale: int  # patches merged per side into one image token, by the connector
     text_hidden_size: int
+    connector: ImageConnector
+    bidirectional_image_attention: bool  # the tokens of one image attend to each other, before and after
+    tower_prefixes: tuple[str, ...]  # where the checkpoint may keep the tower's tensors, first the Hub's
+    connector_prefixes: tuple[str, ...]  # and the connector's
 
     @property
     def tokens_per_image(self) -> int:
@@ -77,15 +102,11 @@ class MultimodalConfig:
         return (self.vision.grid_side // self.scale) ** 2
 
     @property
-    def bidirectional_image_attention(self) -> bool:
-        """Gemma 3: the tokens of one image attend to each other, before and after, inside the causal mask."""
-        return self.model_type == "gemma3"
-
-    @property
     def num_parameters(self) -> int:
         """The tower's and the connector's weights."""
         Dv = self.vision.hidden_size
-        connector = Dv * self.scale**2 * self.text_hidden_size if self.model_type == "idefics3" else Dv * (self.text_hidden_size + 1)
+        pooled = self.connector is ImageConnector.POOLED
+        connector = Dv * (self.text_hidden_size + 1) if pooled else Dv * self.scale**2 * self.text_hidden_size
         return self.vision.num_parameters + connector
 
 
@@ -125,7 +146,12 @@ def read_multimodal(config: dict[str, Any], text_hidden_size: int) -> Multimodal
         raise ConfigError(f"scale_factor {scale} does not divide the {vision.grid_side} patches per side")
     if check_token_id(image_token, "image_token_id") is None:
         raise ConfigError("config.json names no image token")
-    return MultimodalConfig(model_type, vision, image_token, scale, text_hidden_size)
+    connector = ImageConnector.PIXEL_SHUFFLE if model_type == "idefics3" else ImageConnector.POOLED
+    return MultimodalConfig(
+        model_type, vision, image_token, scale, text_hidden_size, connector,
+        bidirectional_image_attention=model_type == "gemma3",  # Gemma 3's images, inside the causal mask
+        tower_prefixes=TOWER_PREFIXES[model_type], connector_prefixes=CONNECTOR_PREFIXES[model_type],
+    )
 
 
 def _vision_config(vision: dict[str, Any]) -> VisionConfig:
@@ -157,3 +183,7 @@ def _sub_config(keys: HFKeys, name: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ConfigError(f"config.json's {name} must be an object; got {value!r:.60}")
     return value
+
+
+# No tiny config of its own: the kit draws vision-language models in refllm/testing/vision.py.
+ARCHITECTURES = (Architecture("idefics3", read_idefics3, layer_tensors, "Idefics3ForConditionalGeneration"),)

@@ -1,17 +1,29 @@
-"""SmolLM3: config.json to ``ModelConfig`` fields.
+"""SmolLM3: config.json to ``ModelConfig`` fields, and llama.cpp's smollm3 files.
 
-A Llama-shaped model whose every ``no_rope_layer_interval``-th layer (4 in the
-released checkpoints) runs without RoPE. transformers spells this
-``no_rope_layers``: one flag per layer, 1 where the layer *uses* RoPE and 0 where
-it does not, derived from the interval when absent.
+Llama's recipe and tensors (``refllm/families/llama.py``), in a model whose
+every ``no_rope_layer_interval``-th layer (4 in the released checkpoints) runs
+without RoPE. transformers spells this ``no_rope_layers``: one flag per layer, 1
+where the layer *uses* RoPE and 0 where it does not, derived from the interval
+when absent. No GGUF key names the NoPE layers; llama.cpp fixes the interval at
+4, and so does refllm. Its converter permutes q/k rows as for llama files.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from refllm.architectures.keys import HFKeys, common_fields, rope_for_types, single_rope
 from refllm.errors import ConfigError
+from refllm.families.family import Architecture, GgufArchitecture
+from refllm.families.keys import (
+    HFKeys,
+    common_fields,
+    gated_mlp,
+    grouped_query_attention,
+    rms_norms,
+    rope_for_types,
+    single_rope,
+)
+from refllm.families.llama import layer_tensors
 from refllm.rope_parameters import FULL_ATTENTION, SLIDING_ATTENTION
 
 SMOLLM3_ROPE_THETA = 2_000_000.0  # transformers' SmolLM3Config default
@@ -47,11 +59,26 @@ def read_smollm3(keys: HFKeys) -> dict[str, Any]:
     bias = bool(keys.get("attention_bias", False))
     return dict(
         **common,
-        qkv_bias=bias,
-        o_proj_bias=bias,
-        mlp_bias=bool(keys.get("mlp_bias", False)),
+        attention=grouped_query_attention(keys, bias=bias, output_bias=bias),
+        mlp=gated_mlp(keys, bias=bool(keys.get("mlp_bias", False))),
+        norms=rms_norms(keys),
         sliding_window=window if SLIDING_ATTENTION in layer_types else None,
         layer_types=layer_types,
         nope_layers=skipped,
         rope=rope_for_types(layer_types, single_rope(keys, SMOLLM3_ROPE_THETA)),
     )
+
+
+ARCHITECTURES = (
+    # the second of the two layers runs without RoPE
+    Architecture(
+        "smollm3", read_smollm3, layer_tensors, "SmolLM3ForCausalLM", tiny_config=dict(no_rope_layer_interval=2)
+    ),
+)
+GGUF = (
+    GgufArchitecture(
+        "smollm3",
+        lambda facts: {"model_type": "smollm3", "no_rope_layer_interval": SMOLLM3_NO_ROPE_LAYER_INTERVAL},
+        permuted_qk=True,
+    ),
+)

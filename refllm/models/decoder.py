@@ -1,25 +1,24 @@
-"""LlamaFamilyModel: one forward pass for Llama, Mistral, Qwen2/3, Phi-3, Gemma 2/3, SmolLM3, OLMo 2,
-the mixtures of experts (Mixtral, Qwen3-MoE, gpt-oss) and DeepSeek-V3.
+"""DecoderModel: the forward pass of every family, composed of the blocks its recipe names.
 
-The architectures differ only by flags in ``ModelConfig``; ``_forward`` follows
-one token's path and each step is a call into the model's op set
-(``refllm/models/ops.py``): the functions of ``refllm/nn`` themselves (``spec``)
-or their Numba twins (``fast``). Attention runs behind the cache, with the op
-set's attention or, for ``fast``, the cache's own kernels.
+A family (``refllm/families/``) is a config reader, a tensor table and a recipe:
+the typed parts of its ``ModelConfig`` (``refllm/recipe.py``). At load the model
+turns the recipe into block objects (``refllm/models/blocks.py``) through its op
+set (``refllm/models/ops.py``): the functions of ``refllm/nn`` themselves
+(``spec``) or their twins (``fast``). ``_forward`` is then one token's path, the
+same for every family:
 
-    ids -> embed -> for each layer:
-                        (norm) -> q, k, v projections -> (q/k norm) -> (RoPE)
-                        -> write K/V into the cache -> attention over the cache (soft-capped scores)
-                        -> output projection -> (post-attention norm) -> residual
-                        -> norm -> MLP (or mixture of experts) -> (post-MLP norm) -> residual
-        -> final norm -> LM head -> (soft-cap) -> logits
+    ids -> embed -> for each layer: layer(x)      norms, attention over the cache, MLP or experts, residuals
+        -> final norm -> LM head -> logits
 
-DeepSeek-V3 swaps two blocks (``refllm/models/deepseek.py``): latent attention for
-the q/k/v attention, and in its sparse layers routed experts for the MLP.
+and each layer is the path its recipe names (``DecoderLayer``, ``ParallelDecoderLayer``):
+
+    x = x + norm_after(attention(norm_before(x)))     q, k, v -> (q/k norm) -> (RoPE) -> cache -> attention -> o
+    x = x + norm_after(mlp(norm_before(x)))           the gated MLP, or the mixture of experts
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Sequence
 from typing import Any
@@ -29,33 +28,26 @@ import numpy as np
 from refllm.config import ModelConfig
 from refllm.errors import ContextLengthError, InvalidInputError, PositionError, TokenOutOfRangeError
 from refllm.kv import CacheConfig, CacheShape, KVCache, create_cache
+from refllm.models.attention import Spans
+from refllm.models.blocks import Norm, build_layers, norm_function
 from refllm.models.contract import ModelMetadata, ModelSource
-from refllm.models.deepseek import grouped_experts_mlp, latent_self_attention
-from refllm.models.moe_layer import mixture_of_experts
 from refllm.models.ops import SPEC_OPS, OpSet, fast_ops
-from refllm.models.weights import LayerWeights, ModelWeights, assemble, weight_leaves
-from refllm.nn.attention import ImageSpans
-from refllm.nn.attention import attention as spec_attention
-from refllm.nn.moe_grouped import grouped_topk_routing
-from refllm.nn.residual import residual_block
-from refllm.nn.rope import RopeTable
-from refllm.nn.softcap import soft_cap
+from refllm.models.weights import ModelWeights, assemble, weight_leaves
+from refllm.nn.logits import output_logits
+from refllm.recipe import LatentAttention
 
 DTYPES = ("float32", "float64")
-Spans = Sequence[ImageSpans] | None  # per row, (start, end) runs of image tokens that see each other
 
 
 class ModelDtypeError(InvalidInputError):
     """A dtype, or a dtype and op set together, that a model cannot run in."""
 
 
-class LlamaFamilyModel:
-    """A decoder-only transformer whose weights and flags come from a ``ModelSource``."""
+class DecoderModel:
+    """A decoder-only transformer whose weights and recipe come from a ``ModelSource``."""
 
     supports_decode_all_logits = True
     supports_hidden_states = True
-    # DeepSeek-V3's router, (router_logits [T, X], correction_bias [X], ...) -> (expert_ids, expert_weights)
-    route_experts = staticmethod(grouped_topk_routing)
 
     def __init__(
         self,
@@ -64,26 +56,49 @@ class LlamaFamilyModel:
         tokenizer: Any = None,
         dtype: str = "float32",
         reference: bool | None = None,
+        ops: OpSet | None = None,
     ):
         """dtype: "float32", or "float64" (ground truth: every step in float64; ``weights`` must be float64).
         reference: run the spec ops (``refllm/nn`` alone) instead of their kernel twins; the default is
-        False for float32 and True for float64, whose only op set is the spec's."""
+        False for float32 and True for float64, whose only op set is the spec's.
+        ops: an op set of one's own instead (a test's, with one operation changed)."""
         self.config = config
-        self.weights = weights
         self.tokenizer = tokenizer
         self.dtype = _check_dtype(dtype, weights)
-        reference = self.dtype == np.float64 if reference is None else reference
-        self.ops: OpSet = _spec_ops_for(weights) if reference else _fast_ops_for(self.dtype)
-        self.rope_tables = {
-            layer_type: RopeTable(params, config.head_dim, config.max_position_embeddings, self.dtype)
-            for layer_type, params in config.rope.items()
-        }
+        if ops is None:
+            reference = self.dtype == np.float64 if reference is None else reference
+            ops = _spec_ops_for(weights) if reference else _fast_ops_for(self.dtype)
+        self._build(ops, weights)
+
+    def _build(self, ops: OpSet, weights: ModelWeights) -> None:
+        """The blocks of the recipe, over ``weights`` through ``ops``: every choice made here, once."""
+        config = self.config
+        self.ops: OpSet = ops
+        self.weights = weights
+        self.layers = build_layers(config, weights, ops, self.dtype)
+        self.final_norm = Norm(weights.norm, norm_function(config, ops))
+        self.lm_head = functools.partial(
+            output_logits,
+            lm_head=weights.lm_head,
+            scale=config.logit_scale,
+            softcap=config.final_logit_softcapping,
+            linear=ops.linear,
+        )
+
+    def with_ops(self, ops: OpSet, weights: ModelWeights | None = None) -> DecoderModel:
+        """The same model on another op set (a recording one, the spec's), and optionally other weights of the
+        same shapes (dequantized copies): its blocks built anew; this model is left as it is."""
+        twin = copy.copy(self)  # the config, tokenizer and dtype shared
+        twin._build(ops, self.weights if weights is None else weights)
+        return twin
 
     @classmethod
-    def load(cls, source: ModelSource, dtype: str = "float32", reference: bool | None = None) -> LlamaFamilyModel:
+    def load(
+        cls, source: ModelSource, dtype: str = "float32", reference: bool | None = None, ops: OpSet | None = None
+    ) -> DecoderModel:
         """Build the model from a ModelSource (``refllm.load_model`` opens one from a path or a catalog name)."""
         weights = assemble(source.config, source, np.dtype(dtype_name(dtype)))
-        return cls(source.config, weights, source.tokenizer, dtype, reference)
+        return cls(source.config, weights, source.tokenizer, dtype, reference, ops)
 
     @property
     def metadata(self) -> ModelMetadata:
@@ -179,89 +194,23 @@ class LlamaFamilyModel:
     def _forward(self, x: np.ndarray, cache: KVCache, seq_ids: list[int], image_spans: Spans = None) -> np.ndarray:
         """x: [B, T, D] embeddings of row b at positions cache.length(b) .. + T -> final hidden [B, T, D]."""
         num_new = x.shape[1]
-        starts = np.array([cache.length(s) if s in cache else 0 for s in seq_ids])
-        positions = starts[:, None] + np.arange(num_new)  # [B, T]
+        positions = self._positions(cache, seq_ids, num_new)
         cache.reserve(seq_ids, num_new)
         with self.ops.running():
-            for layer_index, layer_weights in enumerate(self.weights.layers):
-                x = self.decoder_layer(layer_index, layer_weights, x, positions, cache, seq_ids, image_spans=image_spans)
+            for layer in self.layers:
+                x = layer(x, positions, cache, seq_ids, image_spans)
             cache.commit(seq_ids, num_new)
-            return self._norm(x, self.weights.norm)
+            return self.final_norm(x)
 
-    def decoder_layer(
-        self, layer_index: int, w: LayerWeights, x: np.ndarray, positions: np.ndarray, cache: KVCache, seq_ids: list,
-        image_spans: Spans = None,
-    ) -> np.ndarray:
-        """x: [B, T, D] -> [B, T, D]: attention, then the MLP, each a residual block whose norms sit
-        before (Llama), around (Gemma's sandwich) or after (OLMo 2) it (``refllm/nn/residual.py``)."""
-        c = self.config
-
-        def norm(weight: np.ndarray | None):
-            return None if weight is None else (lambda h: self._norm(h, weight))
-
-        def attend(h: np.ndarray) -> np.ndarray:
-            return self.self_attention(layer_index, w, h, positions, cache, seq_ids, image_spans=image_spans)
-
-        # Llama's post_attention_layernorm is its pre-MLP norm; Gemma and OLMo 2 apply it to attention's output.
-        norm_after_attention = w.post_attention_layernorm if c.sandwich_norms or c.post_norms else None
-        x = residual_block(x, attend, norm(w.input_layernorm), norm(norm_after_attention))
-        if c.post_norms:
-            norm_before_mlp = None
-        else:  # Gemma names its pre-MLP norm pre_feedforward_layernorm
-            norm_before_mlp = w.pre_feedforward_layernorm if c.sandwich_norms else w.post_attention_layernorm
-        return residual_block(x, lambda h: self.mlp(w, h), norm(norm_before_mlp), norm(w.post_feedforward_layernorm))
-
-    def mlp(self, w: LayerWeights, h: np.ndarray) -> np.ndarray:
-        """h: [B, T, D] (normed) -> [B, T, D]: the gated MLP, or a sparse layer's mixture of experts."""
-        if w.experts is not None and self.config.grouped_experts is not None:
-            return grouped_experts_mlp(self, w, h)  # DeepSeek-V3: its own router, plus shared experts
-        if w.experts is not None:
-            return mixture_of_experts(h, w, self.config, self.ops)
-        # refllm.nn.mlp.gated_mlp, one op at a time: down(act(gate(h)) * up(h))
-        ops = self.ops
-        gate, up = ops.linear(h, w.gate_proj, w.gate_proj_bias), ops.linear(h, w.up_proj, w.up_proj_bias)
-        return ops.linear(ops.gated(gate, up, self.config.hidden_act), w.down_proj, w.down_proj_bias)
-
-    def self_attention(
-        self, layer_index: int, w: LayerWeights, x: np.ndarray, positions: np.ndarray, cache: KVCache, seq_ids: list,
-        image_spans: Spans = None,
-    ) -> np.ndarray:
-        """x: [B, T, D] (normed, unless post-norms) -> attention output projected back to [B, T, D]."""
-        c, ops = self.config, self.ops
-        if w.latent is not None:
-            return latent_self_attention(self, layer_index, w.latent, x, positions, cache, seq_ids)
-        B, T, _ = x.shape
-        q = ops.linear(x, w.q_proj, w.q_proj_bias)  # [B, T, H*E]
-        k = ops.linear(x, w.k_proj, w.k_proj_bias)  # [B, T, K*E]
-        if c.qk_norm_whole:  # OLMo 2: one norm over every head's dims at once
-            q, k = self._norm(q, w.q_norm), self._norm(k, w.k_norm)
-        q = q.reshape(B, T, c.num_attention_heads, c.head_dim)
-        k = k.reshape(B, T, c.num_key_value_heads, c.head_dim)
-        v = ops.linear(x, w.v_proj, w.v_proj_bias).reshape(B, T, c.num_key_value_heads, c.head_dim)
-        if c.qk_norm and not c.qk_norm_whole:  # Qwen3, Gemma 3: each head on its own
-            q, k = self._norm(q, w.q_norm), self._norm(k, w.k_norm)
-        if c.uses_rope(layer_index):  # a NoPE layer (SmolLM3) leaves positions to the causal mask
-            cos, sin = self.rope_tables[c.layer_types[layer_index]].lookup(positions)
-            q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
-        cache.write(layer_index, seq_ids, k, v)
-        window = c.window_for_layer(layer_index)
-        attend = ops.attention
-        if w.sinks is not None:  # the caches' own kernels have no sinks: the spec attention over the gathered keys
-            attend = functools.partial(attend or spec_attention, sinks=w.sinks)
-        out = cache.attention(
-            layer_index, seq_ids, q, c.attention_scale, window, c.attn_logit_softcapping, attend, image_spans=image_spans
-        )  # [B, T, H, E]
-        return ops.linear(out.reshape(B, T, -1), w.o_proj, w.o_proj_bias)
+    def _positions(self, cache: KVCache, seq_ids: list[int], num_new: int) -> np.ndarray:
+        """[B, T]: the positions of row b's new tokens, from the length its sequence has in ``cache``."""
+        starts = np.array([cache.length(s) if s in cache else 0 for s in seq_ids])
+        return starts[:, None] + np.arange(num_new)
 
     def logits(self, hidden: np.ndarray) -> np.ndarray:
         """hidden: [..., D] (after the final norm) -> [..., V]."""
         with self.ops.running():
-            logits = self.ops.linear(hidden, self.weights.lm_head)
-        cap = self.config.final_logit_softcapping
-        return logits if cap is None else soft_cap(logits, cap)
-
-    def _norm(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
-        return self.ops.rms_norm(x, weight, self.config.rms_norm_eps, self.config.norm_weight_offset)
+            return self.lm_head(hidden)
 
     # ---- validation -----------------------------------------------------------------------------
 
@@ -317,10 +266,10 @@ class LlamaFamilyModel:
 def cache_shape_for(config: ModelConfig, dtype: str = "float32") -> CacheShape:
     """What a KV cache stores per token for ``config``: K keys and values of E per layer, or for latent
     attention one latent of C + P per layer (a single key "head", no values)."""
-    c = config
-    if c.latent_attention is not None:
-        return CacheShape(c.num_hidden_layers, 1, c.latent_attention.cache_width, dtype, value_dim=0)
-    return CacheShape(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, dtype)
+    a = config.attention
+    if isinstance(a, LatentAttention):
+        return CacheShape(config.num_hidden_layers, 1, a.cache_width, dtype, value_dim=0)
+    return CacheShape(config.num_hidden_layers, a.num_kv_heads, a.head_dim, dtype)
 
 
 def dtype_name(dtype: Any) -> str:

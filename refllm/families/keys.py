@@ -1,7 +1,8 @@
 """Reading a Hugging Face ``config.json``: key access that names what is missing, and the keys families share.
 
 Each family's reader (a module beside this one) turns the dict into the keyword
-arguments of ``ModelConfig``; the shared parts live here.
+arguments of ``ModelConfig``; the shared parts live here: the model-wide keys
+(``common_fields``) and the usual reading of the recipe's parts.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from typing import Any
 
 from refllm.config_checks import MAX_LAYERS, check_flags, check_number, check_size
 from refllm.errors import ConfigError
+from refllm.recipe import GatedMLP, GroupedQueryAttention, NormKind, NormPlacement, Norms
 from refllm.rope_parameters import FULL_ATTENTION, LAYER_TYPES, SLIDING_ATTENTION, RopeParameters
 
 
@@ -57,25 +59,42 @@ def eos_ids(keys: HFKeys) -> tuple[int, ...]:
 
 
 def common_fields(keys: HFKeys) -> dict[str, Any]:
-    """The keys every architecture shares."""
-    hidden_size = keys.size("hidden_size")
-    num_heads = keys.size("num_attention_heads")
+    """The model-wide keys every architecture shares: sizes, tied embeddings, special tokens."""
     return dict(
         model_type=keys.require("model_type"),
         vocab_size=keys.size("vocab_size"),
-        hidden_size=hidden_size,
-        intermediate_size=keys.size("intermediate_size"),
+        hidden_size=keys.size("hidden_size"),
         num_hidden_layers=keys.size("num_hidden_layers", high=MAX_LAYERS),
-        num_attention_heads=num_heads,
-        num_key_value_heads=keys.size("num_key_value_heads", num_heads),
-        head_dim=keys.size("head_dim", max(hidden_size // num_heads, 1)),
         max_position_embeddings=keys.size("max_position_embeddings", 2048),
-        rms_norm_eps=check_number(keys.get("rms_norm_eps", 1e-6), "rms_norm_eps", positive=True),
-        hidden_act=keys.get("hidden_act", keys.get("hidden_activation", "silu")),
         tie_word_embeddings=bool(keys.get("tie_word_embeddings", False)),
         bos_token_id=keys.get("bos_token_id"),
         eos_token_ids=eos_ids(keys),
     )
+
+
+def grouped_query_attention(keys: HFKeys, **options: Any) -> GroupedQueryAttention:
+    """The heads from config.json (K defaults to H, E to D / H), with a family's ``options``."""
+    num_heads = keys.size("num_attention_heads")
+    return GroupedQueryAttention(
+        num_heads=num_heads,
+        num_kv_heads=keys.size("num_key_value_heads", num_heads),
+        head_dim=keys.size("head_dim", max(keys.size("hidden_size") // num_heads, 1)),
+        **options,
+    )
+
+
+def gated_mlp(keys: HFKeys, **options: Any) -> GatedMLP:
+    """The dense MLP's size and activation (hidden_act, or Gemma's hidden_activation), with ``options``."""
+    options.setdefault("activation", keys.get("hidden_act", keys.get("hidden_activation", "silu")))
+    return GatedMLP(intermediate_size=keys.size("intermediate_size"), **options)
+
+
+def rms_norms(
+    keys: HFKeys, placement: NormPlacement = NormPlacement.PRE, default_eps: float = 1e-6, **options: Any
+) -> Norms:
+    """RMSNorms at ``placement``, their epsilon config.json's rms_norm_eps."""
+    eps = check_number(keys.get("rms_norm_eps", default_eps), "rms_norm_eps", positive=True)
+    return Norms(placement, NormKind.RMS, eps, **options)
 
 
 def single_rope(keys: HFKeys, default_theta: float = 10_000.0) -> RopeParameters:
