@@ -13,7 +13,7 @@ multiply-add units per core the tile reached 40 % of torch's GEMM; and which
 one wins a shape moved from run to run with what else the machine did.
 
 So no constant decides. The first time a shape (rows, columns, a power-of-two
-bucket of the tokens, the pass's thread count) meets this process, both run it on
+bucket of the tokens) meets this process, both run it on
 its own operands, in the forward pass where it will run (so that Numba's spinning
 workers and BLAS's meet as they will), ``MEASURE_ROUNDS`` times each in turns,
 and the faster is kept: in memory, and, for products of PERSIST_MIN_MACS multiply-adds or
@@ -71,8 +71,10 @@ def prompt_matmul(x: np.ndarray, weights: np.ndarray, tile) -> np.ndarray:
 
 
 def _shape_key(x: np.ndarray, weights: np.ndarray) -> str:
-    tokens = 1 << (len(x).bit_length() - 1)  # 16-31 tokens -> 16, 32-63 -> 32, ...
-    return f"{weights.shape[0]}x{weights.shape[1]}x{tokens}@{numba.get_num_threads()}"
+    """rows x columns x tokens (16-31 -> 16, 32-63 -> 32, ...). Not the thread count, which follows the cores
+    other programs leave free from pass to pass: a product's kernel, and so its rounding, does not."""
+    tokens = 1 << (len(x).bit_length() - 1)
+    return f"{weights.shape[0]}x{weights.shape[1]}x{tokens}"
 
 
 def _measure(x: np.ndarray, weights: np.ndarray, tile, key: str) -> np.ndarray:

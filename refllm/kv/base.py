@@ -158,6 +158,16 @@ class KVCache(ABC):
         ``image_spans=``.
         """
 
+    def run_layer(
+        self, layer: int, op_by_op: Callable, fused: Callable, x: np.ndarray, positions: np.ndarray,
+        seq_ids: Sequence[int], image_spans: Sequence[ImageSpans] | None = None,
+    ) -> np.ndarray:  # fmt: skip
+        """x [B, T, D] through decoder layer ``layer`` -> [B, T, D]: ``fused(x, keys, values, view, positions)``,
+        the whole layer in one compiled call over this cache's blocks of the layer, where the cache's own
+        kernels can take it; else ``op_by_op(x, positions, cache, seq_ids, image_spans)``, the layer's blocks
+        calling this cache's ``write`` and ``attention``. Here: op by op."""
+        return op_by_op(x, positions, self, seq_ids, image_spans)
+
     @abstractmethod
     def commit(self, seq_ids: Sequence[int], num_new: int) -> None:
         """Count the ``num_new`` written tokens in each sequence's length."""

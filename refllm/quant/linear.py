@@ -139,6 +139,11 @@ class QuantizedTensor:
         return QuantizedTensor(self.blocks, self.format, self.shape, activations)
 
     @property
+    def code(self) -> int:
+        """The format's code in the kernels (``refllm/kernels/quant_formats.py``)."""
+        return self._code
+
+    @property
     def nbytes(self) -> int:
         return self.blocks.nbytes
 
