@@ -17,7 +17,10 @@ behind this interface: given an ``attend`` function (the spec op set's
 values as plain arrays; given ``OWN_ATTENTION`` (the fast op set's), it attends
 its own way (the paged arena's Numba kernels; the contiguous cache has only the
 spec). Which cache a model runs with and which op set it computes with are
-separate choices (``refllm/models/ops.py``).
+separate choices (``refllm/models/ops.py``). A layer the fast op set also built as one
+compiled call asks the cache to run it (``run_layer``): the paged arena runs the compiled
+call over its blocks where its kernels can take it, every cache runs the layer's steps above
+otherwise.
 """
 
 from __future__ import annotations
