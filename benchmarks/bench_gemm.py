@@ -4,11 +4,12 @@ For each projection shape of SmolLM2-135M and Gemma 3 270M, a 256-token chunk
 (``--tokens``) is multiplied into a random [R, C] weight matrix:
 
 - ``refllm fast``: the fast op set's ``linear`` as a forward pass runs it
-  (``refllm/kernels/gemm.py``: from 16 tokens, sgemm on the pass's threads);
+  (``refllm/kernels/gemm.py``: from 16 tokens, the tile or sgemm on the pass's threads,
+  whichever this machine measured faster for the shape);
 - ``refllm Q8_0`` / ``refllm Q4_0``: the same through a quantized matrix
   (``quant_matmul``'s tiles);
 - ``refllm tile``: the Numba 4 x 4 tile kernel (``dense_matmul``), which
-  products of fewer than 16 tokens use;
+  products of fewer than 16 tokens use, and prompt chunks where it measured faster;
 - ``OpenBLAS``: NumPy's ``x @ W.T`` on ``--threads`` threads;
 - ``torch``: ``x @ W.T`` on torch's CPU GEMM, where torch is installed.
 

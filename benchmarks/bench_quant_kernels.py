@@ -25,7 +25,8 @@ import time
 
 import numpy as np
 
-from refllm.kernels.quant_matmul import FORMAT_CODES, KERNEL_FORMATS, quant_matmul, quant_matvec
+from refllm.kernels.quant_formats import FORMAT_CODES, KERNEL_FORMATS
+from refllm.kernels.quant_matmul import quant_matmul, quant_matvec
 from refllm.machine import cpu_name, thread_settings, vector_extensions
 from refllm.quant.formats import block_format
 

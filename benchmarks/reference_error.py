@@ -11,7 +11,9 @@ prompts, and for each it prints, over every position of every prompt:
 - greedy: the share of positions whose top token is the true top token.
 
 Paths: refllm float32 spec (contiguous), float32 fast (contiguous and paged),
-quantized (the GGUF blocks in the quantized kernels), transformers float32
+quantized (the GGUF blocks in the quantized kernels), quantized with int8
+activations (``activations="int8"``: its decode steps, one token at a time, since
+prompts keep float32 activations), transformers float32
 (eager attention, same GGUF file) and llama.cpp (llama-cpp-python), each where
 installed. The prompts are the golden prompts below.
 """
@@ -37,12 +39,16 @@ PROMPTS = [
 ]
 
 
-def refllm_path(name: str, cache: str, **load) -> Callable[[list[int]], np.ndarray]:
+def refllm_path(name: str, cache: str, one_at_a_time: bool = False, **load) -> Callable[[list[int]], np.ndarray]:
+    """All logits of a prompt in one prefill, or ``one_at_a_time``: each position a decode step of its own."""
     model = refllm.load_model(name, **load)
 
     def all_logits(ids: list[int]) -> np.ndarray:
         kv = model.create_kv_cache(CacheConfig(kind=cache))
-        return model.prefill_all_logits(np.array([ids]), kv, range(len(ids)))[0]
+        if not one_at_a_time:
+            return model.prefill_all_logits(np.array([ids]), kv, range(len(ids)))[0]
+        rows = [model.prefill(np.array([ids[:1]]), kv, range(1))[0]]
+        return np.stack(rows + [model.decode(np.array([[token]]), kv)[0] for token in ids[1:]])
 
     return all_logits
 
@@ -103,6 +109,9 @@ def main() -> None:
             "refllm float32 fast (contiguous)": lambda: refllm_path(name, "contiguous"),
             "refllm float32 fast (paged)": lambda: refllm_path(name, "paged"),
             "refllm quantized (paged)": lambda: refllm_path(name, "paged", quantized=True),
+            "refllm quantized, int8 activations (paged, one token at a time)": lambda: refllm_path(
+                name, "paged", one_at_a_time=True, quantized=True, activations="int8"
+            ),
             "transformers float32": lambda: transformers_path(name),
             "llama.cpp": lambda: llama_cpp_path(name),
         }

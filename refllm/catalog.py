@@ -28,6 +28,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from refllm.errors import InvalidInputError
+from refllm.machine import refllm_home
 
 
 class CatalogError(InvalidInputError):
@@ -71,10 +72,6 @@ VERIFIED = "verified"  # the file is here, and its SHA-256 is the catalog's
 CORRUPT = "corrupt"  # the file is here, but not the bytes the catalog names (truncated, changed)
 NOT_PULLED = "not pulled"
 _TEMPORARY_PREFIX = ".pull-"
-
-
-def refllm_home() -> Path:
-    return Path(os.environ.get("REFLLM_HOME") or Path.home() / ".cache" / "refllm").expanduser()
 
 
 def entry(name: str) -> CatalogEntry:

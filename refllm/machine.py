@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import platform
+from pathlib import Path
 
 # The environment variables that decide how refllm uses the cores, as benchmarks report them.
 THREAD_VARIABLES = ("NUMBA_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OPENBLAS_NUM_THREADS")
@@ -16,6 +17,16 @@ VECTOR_EXTENSIONS = (
     "amx_tile", "amx_int8", "amx_bf16",
     "asimd", "asimddp", "sve", "sve2",
 )  # fmt: skip
+
+
+def refllm_home() -> Path:
+    """Where refllm keeps what it fetches and learns: $REFLLM_HOME, by default ~/.cache/refllm."""
+    return Path(os.environ.get("REFLLM_HOME") or Path.home() / ".cache" / "refllm").expanduser()
+
+
+def machine_key() -> str:
+    """This machine as far as kernel speeds go: the CPU, its vector extensions and its cores."""
+    return f"{cpu_name()} | {' '.join(vector_extensions())} | {os.cpu_count()} cores"
 
 
 def _cpuinfo(key: str) -> str | None:

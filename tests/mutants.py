@@ -51,6 +51,16 @@ class _CacheProxy:
     def __contains__(self, seq_id):
         return seq_id in self.inner
 
+    def run_layer(self, layer, op_by_op, fused, x, positions, seq_ids, image_spans=None):
+        """Every layer op by op, through this proxy's steps (a compiled layer would go round them)."""
+        return op_by_op(x, positions, self, seq_ids, image_spans)
+
+
+def op_by_op_layers(layers: list) -> list:
+    """A model's layers as its blocks compute them one op at a time: a change to the weights or the blocks
+    after load reaches no compiled layer (refllm/models/fused_layer.py), which took its arrays at load."""
+    return [getattr(layer, "op_by_op", layer) for layer in layers]
+
 
 # --- RoPE -------------------------------------------------------------------------------
 
@@ -97,6 +107,7 @@ class InterleavedRope(DecoderModel):
                 rows = getattr(w, name)
                 if rows is not None:  # every head's rows [E, ...] reordered the same way
                     setattr(w, name, rows[(np.arange(len(rows) // E)[:, None] * E + within).ravel()])
+        self.layers = op_by_op_layers(self.layers)
 
 
 class ChunkPositionOffByOne(DecoderModel):
@@ -313,6 +324,7 @@ class PreNormNotPostNorm(DecoderModel):
     def __init__(self, config, weights, tokenizer=None, *args):
         super().__init__(config, weights, tokenizer, *args)
         if config.norms.placement is NormPlacement.POST:
+            self.layers = op_by_op_layers(self.layers)
             for layer in self.layers:
                 layer.attention_norm, layer.attention_output_norm = layer.attention_output_norm, None
                 layer.mlp_norm, layer.mlp_output_norm = layer.mlp_output_norm, None
@@ -393,6 +405,7 @@ class LatentRopeKeyCachedBeforeRope(DecoderModel):
 
     def __init__(self, config, weights, tokenizer=None, *args):
         super().__init__(config, weights, tokenizer, *args)
+        self.layers = op_by_op_layers(self.layers)
         for layer in self.layers:
             if isinstance(layer.attention, LatentAttentionBlock):
                 layer.attention = _KeyUnrotatedAttention(layer.attention)
@@ -413,6 +426,7 @@ class _Rerouted(DecoderModel):
 
     def __init__(self, config, weights, tokenizer=None, *args):
         super().__init__(config, weights, tokenizer, *args)
+        self.layers = op_by_op_layers(self.layers)
         for layer in self.layers:
             if isinstance(layer.mlp, SparseMLP):
                 layer.mlp.route = self.wrong(layer.mlp.route)

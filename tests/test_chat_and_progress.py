@@ -22,7 +22,7 @@ from refllm.config import ModelConfig
 from refllm import progress
 from refllm.commands import common
 from refllm.kv import CacheConfig
-from refllm.memory import weight_bytes
+from refllm.memory import RUNTIME_BYTES, weight_bytes
 from refllm.models.decoder import cache_shape_for
 from refllm.models.random import random_model
 from refllm.runtime.llm import LLM, PREFILL_CHUNK
@@ -189,7 +189,8 @@ def test_info_reports_memory_for_the_quantized_weights_a_run_loads_and_for_dequa
                                       f"{common.size(dequantized)} dequantized")  # fmt: skip
     kv_bytes = 64 * cache_shape_for(source.config).bytes_per_token
     assert rows["memory"].startswith(
-        f"{common.size(stored + kv_bytes)} for a run: its quantized weights and the KV cache;"
+        f"{common.size(stored + kv_bytes)} for a run: its quantized weights and the KV cache"
+        f" (peak about {common.size(stored + kv_bytes + RUNTIME_BYTES)} with the runtime);"
         f" {common.size(dequantized + kv_bytes)} with --dequantize"
     )
 

@@ -355,6 +355,8 @@ def test_info_counts_the_tensor_types_of_a_gguf_file(tmp_path, capsys):
     assert rows["file"].startswith("GGUF, ") and rows["tokenizer"] == "none"
     quantized, float32 = re.match(r"(\S+) KiB as stored, quantized .*; (\S+) KiB dequantized", rows["weights"]).groups()
     assert float(quantized) < float(float32) / 3  # Q8_0: 34 bytes a block of 32 weights
+    # the peak running it quantized: its blocks, the KV cache and the runtime's 100 MB
+    assert re.search(r" \(peak about 95\.\d MiB with the runtime\);", rows["memory"])
 
 
 def test_a_quantized_load_keeps_the_matrices_of_a_gguf_file_in_their_blocks(tmp_path):

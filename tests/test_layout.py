@@ -165,7 +165,8 @@ def hot_paths() -> dict[str, ast.FunctionDef]:
     """The forward pass and what it calls per layer: DecoderModel._forward and every block's __call__ (a
     vision-language model's connector too)."""
     found = {}
-    blocks = ("refllm.models.decoder", "refllm.models.blocks", "refllm.models.attention", "refllm.models.connector")
+    blocks = ("refllm.models.decoder", "refllm.models.blocks", "refllm.models.attention", "refllm.models.connector",
+              "refllm.models.fused_layer")  # fmt: skip
     for name in blocks:
         for node in ast.walk(ast.parse(MODULES[name].read_text())):
             if isinstance(node, ast.ClassDef):
@@ -179,7 +180,8 @@ def test_the_forward_pass_asks_no_family_anything():
     """Every choice of a family's recipe is made at load, into the blocks: the forward pass and the blocks' calls
     branch on nothing, read no config and name no family."""
     paths = hot_paths()
-    assert {"DecoderModel._forward", "DecoderLayer.__call__", "GroupedQueryAttentionBlock.__call__"} <= set(paths)
+    assert {"DecoderModel._forward", "DecoderLayer.__call__", "GroupedQueryAttentionBlock.__call__",
+            "FusedDecoderLayer.__call__", "FusedLayerCall.__call__"} <= set(paths)  # fmt: skip
     asked = []
     for name, function in paths.items():
         for node in ast.walk(function):

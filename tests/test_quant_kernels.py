@@ -28,7 +28,8 @@ from hypothesis import strategies as st
 
 from refllm.kernels import quant_matmul
 from refllm.kernels.dense_matmul import linear as linear_kernel
-from refllm.kernels.quant_matmul import FORMAT_CODES, KERNEL_FORMATS, dequantize_rows, quant_matvec
+from refllm.kernels.quant_formats import FORMAT_CODES, FORMATS, KERNEL_FORMATS
+from refllm.kernels.quant_matmul import dequantize_rows, quant_matvec
 from refllm.kernels.quant_matmul import quant_matmul as matmul_kernel
 from refllm.models.weights import weight_bytes_by_format
 from refllm.nn.linear import linear
@@ -143,13 +144,14 @@ def test_the_spec_linear_refuses_a_quantized_tensor_rather_than_dequantizing_it(
 
 @pytest.mark.parametrize("name", KERNEL_FORMATS)
 def test_inner_loops_are_vectorised(name):
-    """The optimised LLVM IR of this format's decode product (``_dot4_<format>``) and of the prefill
+    """The optimised LLVM IR of this format's decode product (its ``dot4``) and of the prefill
     micro-kernel (``_tile4x4``) does float arithmetic on vectors: their loops were vectorised, not
     left scalar or unrolled into scalars."""
-    dot4 = getattr(quant_matmul, f"_dot4_{name.lower()}")
+    entry = FORMATS[FORMAT_CODES[name]]
+    dot4 = entry.dot4
     row = np.zeros(2 * block_format(name).type_size, np.uint8)
     x = np.zeros(2 * block_format(name).block_size, np.float32)
-    dot4((row, row, row, row), (row, row, row, row), x, getattr(quant_matmul, f"_sums_{name.lower()}")(x))
+    dot4((row, row, row, row), (row, row, row, row), x, entry.sums(x))
     tile = numba.njit(fastmath=quant_matmul.SUM_FASTMATH)(quant_matmul._tile4x4.py_func)  # uncached: cached code hides its IR
     tile(np.zeros((4, 64), np.float32), 0, np.zeros((4, 64), np.float32), 0)
     for kernel in (dot4, tile):

@@ -15,7 +15,7 @@ from refllm.errors import InvalidInputError
 from refllm.families import checkpoint_layout
 from refllm.kv import CacheConfig
 from refllm.kv.base import blocks_for
-from refllm.loading import build_model, open_source
+from refllm.loading import build_model, check_activations, open_source, use_activations
 from refllm.memory import available_memory, weight_bytes
 from refllm.models.contract import ModelSource
 from refllm.models.connector import connector_shapes
@@ -58,17 +58,19 @@ def load(
     quantized: bool = False,
     dtype: str = "float32",
     reference: bool | None = None,
+    activations: str = "float32",
     context: int | None = None,
     context_flag: str = "--context",
     images: bool = False,
 ) -> DecoderModel:
     """Open the model, refuse what cannot work (before the slow part), then load its weights with progress.
 
-    ``dtype`` and ``reference``: as ``refllm.load_model`` takes them (docs/reference.md).
+    ``dtype``, ``reference`` and ``activations``: as ``refllm.load_model`` takes them (docs/reference.md).
     ``images``: the command has images for the model, which must then be a vision-language model.
 
     ``context``: the tokens the command will hold at once (given by ``context_flag``), refused if past the model's.
     """
+    check_activations(activations, quantized)
     source = open_checked(
         name, text=text, chat=chat, quantized=quantized, dtype=dtype, context=context, context_flag=context_flag
     )
@@ -82,7 +84,8 @@ def load(
             f"{name} needs about {size(needed)} for its weights, more than the {size(available)} of memory available"
         )
     with progress.task(f"loading {name}", total=tensor_count(source), unit="tensor") as bar:
-        return build_model(_CountingSource(source, bar.update), dtype, reference)
+        model = build_model(_CountingSource(source, bar.update), dtype, reference)
+    return use_activations(model, activations)
 
 
 def tensor_count(source: ModelSource) -> int:

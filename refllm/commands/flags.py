@@ -16,6 +16,7 @@ from refllm.cluster import LOCAL, check_reachable, import_ray
 from refllm.commands.parsing import closest
 from refllm.errors import InvalidInputError
 from refllm.models.decoder import DTYPES
+from refllm.quant.formats import ACTIVATIONS
 from refllm.runtime.sampling import LOGIT_BIAS_LIMIT, TEMPERATURE_FLOOR, SamplingParams, SamplingParamsError
 
 MODEL_HELP = (
@@ -119,6 +120,10 @@ def port_number(text: str) -> int:
 DEQUANTIZE_HELP = "dequantize a GGUF file's weights to float32 instead of multiplying from its blocks"
 DTYPE_HELP = "float32 (default), or float64: ground truth, every step in float64 with the spec ops (slow)"
 SPEC_OPS_HELP = "run the spec ops (the functions of refllm/nn, plain NumPy) instead of their Numba twins"
+ACTIVATIONS_HELP = (
+    "int8: quantize the layers' activations to 8 bits for integer products with Q4_0, Q4_1 and Q8_0"
+    " blocks in decode steps (faster, further from float64 truth); default float32"
+)
 
 
 class DeprecatedName(argparse.Action):
@@ -137,10 +142,12 @@ class DeprecatedName(argparse.Action):
         setattr(namespace, self.dest, True)
 
 
-def add_dequantize_flag(parser: argparse.ArgumentParser, help: str = DEQUANTIZE_HELP) -> None:
-    """--dequantize, and its old name --float32."""
+def add_dequantize_flag(parser: argparse.ArgumentParser, help: str = DEQUANTIZE_HELP, activations: bool = True) -> None:
+    """--dequantize, and its old name --float32; and --activations for the quantized blocks, where it applies."""
     parser.add_argument("--dequantize", action="store_true", help=help)
     parser.add_argument("--float32", dest="dequantize", action=DeprecatedName, new_name="--dequantize")
+    if activations:
+        parser.add_argument("--activations", choices=ACTIVATIONS, default="float32", help=ACTIVATIONS_HELP)
 
 
 def add_precision_flags(parser: argparse.ArgumentParser, dequantize: bool = True) -> None:
@@ -156,7 +163,10 @@ def precision(args: argparse.Namespace) -> dict:
     """The precision flags as ``common.load``'s keywords: quantized blocks only on the float32 fast path."""
     dtype, spec_ops = args.dtype, args.spec_ops or None
     quantized = not getattr(args, "dequantize", True) and dtype == "float32" and not spec_ops
-    return {"quantized": quantized, "dtype": dtype, "reference": spec_ops}
+    keywords = {"quantized": quantized, "dtype": dtype, "reference": spec_ops}
+    if getattr(args, "activations", "float32") != "float32":
+        keywords["activations"] = args.activations
+    return keywords
 
 
 def add_model_flag(parser: argparse.ArgumentParser, default: str | None = catalog.DEFAULT_MODEL) -> None:

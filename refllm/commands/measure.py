@@ -18,7 +18,7 @@ from refllm.io.gguf import GGUFSource
 from refllm.kv import CacheConfig
 from refllm.kv.base import blocks_for
 from refllm.machine import cpu_name, seconds_since_start, thread_settings, vector_extensions
-from refllm.memory import available_memory, weight_bytes
+from refllm.memory import available_memory, peak_memory, weight_bytes
 from refllm.models.contract import ModelSource
 from refllm.models.decoder import cache_shape_for
 from refllm.moe_parameters import GroupedExperts
@@ -45,7 +45,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         weights = f"{common.size(stored)} as stored, quantized (generate, chat); {common.size(dequantized)} dequantized"
         weights += " to float32 (--dequantize, serve, perplexity, embed)"
         memory = (
-            f"{common.size(stored + kv)} for a run: its quantized weights and the KV cache;"
+            f"{common.size(stored + kv)} for a run: its quantized weights and the KV cache"
+            f" (peak about {common.size(peak_memory(source, True, kv))} with the runtime);"
             f" {common.size(dequantized + kv)} with --dequantize"
         )
     else:
@@ -119,6 +120,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         args.model,
         text=False,
         quantized=not args.dequantize,
+        activations=args.activations,
         context=prompt_len + new_tokens,
         context_flag="--prompt-tokens plus --new-tokens,",
     )

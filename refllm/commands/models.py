@@ -99,4 +99,4 @@ def add_cli(commands: argparse._SubParsersAction) -> None:
         "refllm warmup -m gemma3-270m",
     )
     add_model_flag(warmup)
-    add_dequantize_flag(warmup, "warm only the dequantized run (as --dequantize and serve load the model)")
+    add_dequantize_flag(warmup, "warm only the dequantized run (as --dequantize and serve load the model)", False)

@@ -41,7 +41,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from refllm.kernels.gemm import GEMM_TOKENS, blas_matmul
+from refllm.kernels.compiler_memory import release as release_compiler_pages
+from refllm.kernels.gemm import GEMM_TOKENS, prompt_matmul
 from refllm.kernels.intrinsics import LANES, load16, multiply_add16, prefetch, sum16, zeros16
 
 TOKEN_CHUNK = 64  # 64 tokens of a 2048-wide layer: 512 KB, within one core's L2
@@ -163,15 +164,17 @@ def dense_matmul(x: np.ndarray, weights: np.ndarray) -> np.ndarray:
 def linear(x: np.ndarray, weight, bias: np.ndarray | None = None) -> np.ndarray:
     """x: [..., C] float32, weight: [R, C], bias: [R] -> [..., R], as ``refllm.nn.linear.linear``.
 
-    A float32 matrix multiplies in ``dense_matmul``, or from GEMM_TOKENS tokens on in BLAS
-    (``refllm/kernels/gemm.py``); any other weight (a ``QuantizedTensor``) multiplies itself in
+    A float32 matrix multiplies in ``dense_matmul``, or from GEMM_TOKENS tokens on in it or in BLAS,
+    whichever this machine runs the shape faster (``refllm/kernels/gemm.py``); any other weight (a ``QuantizedTensor``) multiplies itself in
     the quantized kernels, from its blocks.
     """
     if isinstance(weight, np.ndarray):
         tokens = np.ascontiguousarray(x.reshape(-1, weight.shape[1]), dtype=np.float32)
         weight = np.ascontiguousarray(weight, dtype=np.float32)
-        y = (blas_matmul if len(tokens) >= GEMM_TOKENS else dense_matmul)(tokens, weight)
+        prompt = len(tokens) >= GEMM_TOKENS
+        y = prompt_matmul(tokens, weight, dense_matmul) if prompt else dense_matmul(tokens, weight)
         y = y.reshape(*x.shape[:-1], weight.shape[0])
     else:
         y = weight.matmul(x)
+    release_compiler_pages()  # once the first products have loaded their kernels: before most weights are read
     return y if bias is None else y + bias

@@ -16,7 +16,7 @@ from numba.extending import intrinsic, models, register_model
 SUM_FASTMATH = {"reassoc", "contract"}
 
 
-def _address(context, builder, array_type, array, index, pointee: ir.Type):
+def element_address(context, builder, array_type, array, index, pointee: ir.Type):
     """A pointer to element ``index`` of a contiguous array, counted from its start, as ``pointee``*."""
     data = context.make_array(array_type)(context, builder, array).data
     return builder.bitcast(builder.gep(data, [index]), pointee.as_pointer())
@@ -32,7 +32,7 @@ def prefetch(typingctx, array, index):
     cache levels, data cache). A hint: an address past the array's end is not an error."""
 
     def codegen(context, builder, signature, args):
-        address = _address(context, builder, signature.args[0], args[0], args[1], ir.IntType(8))
+        address = element_address(context, builder, signature.args[0], args[0], args[1], ir.IntType(8))
         int32 = ir.IntType(32)
         hint = ir.FunctionType(ir.VoidType(), [address.type, int32, int32, int32])
         llvm_prefetch = builder.module.declare_intrinsic("llvm.prefetch", [address.type], hint)
@@ -91,17 +91,26 @@ def zeros16(typingctx):
     return float32x16(), codegen
 
 
-@intrinsic
-def load16(typingctx, array, index):
-    """Elements index .. index + 15 of a C-contiguous float32 array, counted from its start
-    whatever its dimensions. The caller keeps index + 15 inside the array."""
-    if not (isinstance(array, types.Array) and array.dtype == types.float32 and array.layout == "C"):
-        return None
+def vector_load(dtype, vector: ir.VectorType, result):
+    """-> an intrinsic ``load(array, index)``: the elements index .. of a C-contiguous array of ``dtype``
+    that fill ``vector``, counted from the array's start whatever its dimensions, as ``result``."""
 
-    def codegen(context, builder, signature, args):
-        return builder.load(_address(context, builder, signature.args[0], args[0], args[1], _LANE_VECTOR), align=4)
+    @intrinsic
+    def load(typingctx, array, index):
+        if not (isinstance(array, types.Array) and array.dtype == dtype and array.layout == "C"):
+            return None
 
-    return float32x16(array, index), codegen
+        def codegen(context, builder, signature, args):
+            address = element_address(context, builder, signature.args[0], args[0], args[1], vector)
+            return builder.load(address, align=dtype.bitwidth // 8)
+
+        return result(array, index), codegen
+
+    return load
+
+
+load16 = vector_load(types.float32, _LANE_VECTOR, float32x16)
+load16.__doc__ = "Elements index .. index + 15 of a C-contiguous float32 array; the caller keeps index + 15 inside it."
 
 
 @intrinsic
@@ -187,7 +196,7 @@ _INTS = ir.VectorType(ir.IntType(32), LANES)
 
 
 def _bytes_at(context, builder, signature, args):
-    return builder.load(_address(context, builder, signature.args[0], args[0], args[1], _BYTES), align=1)
+    return builder.load(element_address(context, builder, signature.args[0], args[0], args[1], _BYTES), align=1)
 
 
 def _is_byte_row(array) -> bool:

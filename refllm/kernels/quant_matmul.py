@@ -16,10 +16,10 @@ float32. docs/quantization.md tells the whole story; in short:
 The first two are parallel over tasks of ``ROWS_PER_TASK`` rows, and each has a
 ``_serial`` twin for products too small to repay waking a thread pool.
 
-This module holds the format table and the kernels, which branch on the format
-code. The formats' blocks are read by ``quant_block32.py`` (Q4_0 Q4_1 Q5_0 Q5_1
-Q8_0) and ``quant_kquants.py`` (Q2_K to Q6_K) with the field readers of
-``quant_fields.py``; ``quant_walks.py`` compiles each format's decoder and
+The kernels take a format's code and call its walks through ``quant_formats.py``,
+the table of formats. The formats' blocks are read by ``quant_block32.py`` (Q4_0
+Q4_1 Q5_0 Q5_1 Q8_0) and ``quant_kquants.py`` (Q2_K to Q6_K) with the field readers
+of ``quant_fields.py``; ``quant_walks.py`` compiles each format's decoder and
 products from them, and says how a row is walked.
 
 Exactness. ``dequantize_rows`` equals the spec bit for bit (``quant_walks.py``
@@ -43,49 +43,7 @@ from numba import njit, prange
 
 from refllm.kernels.arithmetic import ceil_div
 from refllm.kernels.intrinsics import CACHE_LINE, SUM_FASTMATH, prefetch
-from refllm.kernels.quant_block32 import (
-    block32_layout,
-    q4_0_lane,
-    q4_0_lanes16,
-    q4_0_params,
-    q4_1_lane,
-    q4_1_lanes16,
-    q4_1_params,
-    q5_0_lane,
-    q5_0_lanes16,
-    q5_0_params,
-    q5_1_lane,
-    q5_1_lanes16,
-    q5_1_params,
-    q8_0_lane,
-    q8_0_lanes16,
-    q8_0_params,
-)
-from refllm.kernels.quant_kquants import (
-    k_pairs_layout,
-    k_quads_layout,
-    q2_k_lane,
-    q2_k_lanes16,
-    q2_k_params,
-    q3_k_lane,
-    q3_k_lanes16,
-    q3_k_params,
-    q4_k_lane,
-    q4_k_lanes16,
-    q4_k_params,
-    q5_k_lane,
-    q5_k_lanes16,
-    q5_k_params,
-    q6_k_lane,
-    q6_k_lanes16,
-    q6_k_params,
-)
-from refllm.kernels.quant_walks import format_walks
-
-# The formats the kernels read, by kernel code (the small int the compiled kernels branch on).
-KERNEL_FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
-FORMAT_CODES = {name: code for code, name in enumerate(KERNEL_FORMATS)}
-Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = range(len(KERNEL_FORMATS))
+from refllm.kernels.quant_formats import decode_row, dot4_rows, x_sums
 
 # How far ahead of the rows being multiplied ``quant_matvec`` prefetches. Decoding streams every
 # weight from DRAM once per token; without the hint a thread waits out each cache miss (4.8 GB/s
@@ -94,7 +52,7 @@ Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = range(len(KERNEL_FO
 # rows 4, 8, 12 and 20 ahead.
 PREFETCH_ROWS = 12
 
-# Rows per parallel task: a multiple of the 4 rows ``_dot4_<format>`` takes, and enough rows that
+# Rows per parallel task: a multiple of the 4 rows a format's ``dot4`` takes, and enough rows that
 # ``quant_matmul``'s one scratch row per task is no cost; 16 still gives a 192-row projection 12 tasks.
 ROWS_PER_TASK = 16
 
@@ -106,29 +64,6 @@ def _prefetch_rows(blocks: np.ndarray, first: int, count: int) -> None:
         row = blocks[r]
         for offset in range(0, row.shape[0], CACHE_LINE):
             prefetch(row, offset)
-
-
-# Q4_0, Q5_0, Q8_0, Q3_K and Q6_K weights have no offset (w = a q).
-_decode_q4_0, _dot4_q4_0, _sums_q4_0 = format_walks(
-    q4_0_params, q4_0_lane, block32_layout, q4_0_lanes16, shared_scale=True, offset=False
-)
-_decode_q4_1, _dot4_q4_1, _sums_q4_1 = format_walks(
-    q4_1_params, q4_1_lane, block32_layout, q4_1_lanes16, shared_scale=True
-)
-_decode_q5_0, _dot4_q5_0, _sums_q5_0 = format_walks(
-    q5_0_params, q5_0_lane, block32_layout, q5_0_lanes16, shared_scale=True, offset=False
-)
-_decode_q5_1, _dot4_q5_1, _sums_q5_1 = format_walks(
-    q5_1_params, q5_1_lane, block32_layout, q5_1_lanes16, shared_scale=True
-)
-_decode_q8_0, _dot4_q8_0, _sums_q8_0 = format_walks(
-    q8_0_params, q8_0_lane, block32_layout, q8_0_lanes16, shared_scale=True, offset=False
-)
-_decode_q2_k, _dot4_q2_k, _sums_q2_k = format_walks(q2_k_params, q2_k_lane, k_quads_layout, q2_k_lanes16)
-_decode_q3_k, _dot4_q3_k, _sums_q3_k = format_walks(q3_k_params, q3_k_lane, k_quads_layout, q3_k_lanes16, offset=False)
-_decode_q4_k, _dot4_q4_k, _sums_q4_k = format_walks(q4_k_params, q4_k_lane, k_pairs_layout, q4_k_lanes16)
-_decode_q5_k, _dot4_q5_k, _sums_q5_k = format_walks(q5_k_params, q5_k_lane, k_pairs_layout, q5_k_lanes16)
-_decode_q6_k, _dot4_q6_k, _sums_q6_k = format_walks(q6_k_params, q6_k_lane, k_quads_layout, q6_k_lanes16, offset=False)
 
 
 @njit(cache=True, fastmath=SUM_FASTMATH)
@@ -165,81 +100,6 @@ def _tile4x4(w: np.ndarray, r: int, x: np.ndarray, t: int) -> tuple:
     return (a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, a33)
 
 
-# ---- dispatch on the format code ------------------------------------------------------------------------
-
-
-@njit(cache=True)
-def _decode_row(code: int, row: np.ndarray, out: np.ndarray) -> None:
-    if code == Q4_0:
-        _decode_q4_0(row, out)
-    elif code == Q4_1:
-        _decode_q4_1(row, out)
-    elif code == Q5_0:
-        _decode_q5_0(row, out)
-    elif code == Q5_1:
-        _decode_q5_1(row, out)
-    elif code == Q8_0:
-        _decode_q8_0(row, out)
-    elif code == Q2_K:
-        _decode_q2_k(row, out)
-    elif code == Q3_K:
-        _decode_q3_k(row, out)
-    elif code == Q4_K:
-        _decode_q4_k(row, out)
-    elif code == Q5_K:
-        _decode_q5_k(row, out)
-    else:
-        _decode_q6_k(row, out)
-
-
-@njit(cache=True)
-def _x_sums(code: int, x: np.ndarray) -> np.ndarray:
-    if code == Q4_0:
-        return _sums_q4_0(x)
-    if code == Q4_1:
-        return _sums_q4_1(x)
-    if code == Q5_0:
-        return _sums_q5_0(x)
-    if code == Q5_1:
-        return _sums_q5_1(x)
-    if code == Q8_0:
-        return _sums_q8_0(x)
-    if code == Q2_K:
-        return _sums_q2_k(x)
-    if code == Q3_K:
-        return _sums_q3_k(x)
-    if code == Q4_K:
-        return _sums_q4_k(x)
-    if code == Q5_K:
-        return _sums_q5_k(x)
-    return _sums_q6_k(x)
-
-
-@njit(cache=True)
-def _dot4_rows(
-    code: int, rows: tuple, ahead: tuple, x: np.ndarray, x_sums: np.ndarray
-) -> tuple[np.float32, np.float32, np.float32, np.float32]:
-    if code == Q4_0:
-        return _dot4_q4_0(rows, ahead, x, x_sums)
-    if code == Q4_1:
-        return _dot4_q4_1(rows, ahead, x, x_sums)
-    if code == Q5_0:
-        return _dot4_q5_0(rows, ahead, x, x_sums)
-    if code == Q5_1:
-        return _dot4_q5_1(rows, ahead, x, x_sums)
-    if code == Q8_0:
-        return _dot4_q8_0(rows, ahead, x, x_sums)
-    if code == Q2_K:
-        return _dot4_q2_k(rows, ahead, x, x_sums)
-    if code == Q3_K:
-        return _dot4_q3_k(rows, ahead, x, x_sums)
-    if code == Q4_K:
-        return _dot4_q4_k(rows, ahead, x, x_sums)
-    if code == Q5_K:
-        return _dot4_q5_k(rows, ahead, x, x_sums)
-    return _dot4_q6_k(rows, ahead, x, x_sums)
-
-
 # ---- the kernels --------------------------------------------------------------------------------------
 
 
@@ -251,13 +111,13 @@ def _quad(blocks: np.ndarray, r: int) -> tuple:
 
 
 @njit(cache=True)
-def _matvec_task(blocks: np.ndarray, code: int, x: np.ndarray, x_sums: np.ndarray, out: np.ndarray, task: int) -> None:
+def _matvec_task(blocks: np.ndarray, code: int, x: np.ndarray, sums: np.ndarray, out: np.ndarray, task: int) -> None:
     """out[rows of ``task``] = W[rows] @ x, four rows at a time."""
     num_rows = blocks.shape[0]
     last = num_rows - 1
     for r in range(task * ROWS_PER_TASK, min((task + 1) * ROWS_PER_TASK, num_rows), 4):
         # The last quad of an R not divisible by 4 repeats row R - 1 (and writes it identically).
-        y0, y1, y2, y3 = _dot4_rows(code, _quad(blocks, r), _quad(blocks, r + PREFETCH_ROWS), x, x_sums)
+        y0, y1, y2, y3 = dot4_rows(code, (_quad(blocks, r), _quad(blocks, r + PREFETCH_ROWS), x, sums))
         out[r] = y0
         out[min(r + 1, last)] = y1
         out[min(r + 2, last)] = y2
@@ -274,7 +134,7 @@ def _matmul_task(blocks: np.ndarray, code: int, x: np.ndarray, out: np.ndarray, 
     weights = np.empty((ROWS_PER_TASK, num_cols), np.float32)  # [16, C] the task's rows, decoded
     _prefetch_rows(blocks, first_row + ROWS_PER_TASK, ROWS_PER_TASK)  # the next task's, likely this thread's
     for r in range(ROWS_PER_TASK):  # rows past the last are a copy of it, multiplied but not kept
-        _decode_row(code, blocks[first_row + min(r, rows - 1)], weights[r])
+        decode_row(code, (blocks[first_row + min(r, rows - 1)], weights[r]))
     for r in range(0, rows, 4):
         for t in range(0, num_tokens - 3, 4):
             tile = _tile4x4(weights, r, x, t)
@@ -293,9 +153,9 @@ def quant_matvec(blocks: np.ndarray, code: int, x: np.ndarray) -> np.ndarray:
     NumPy twin: ``refllm.quant.formats.dequantize(blocks, name, (R, C)) @ x``.
     """
     out = np.empty(blocks.shape[0], np.float32)
-    x_sums = _x_sums(code, x)  # [G, 2], shared by every row
+    sums = x_sums(code, (x,))  # [G, 2], shared by every row
     for task in prange(ceil_div(blocks.shape[0], ROWS_PER_TASK)):
-        _matvec_task(blocks, code, x, x_sums, out, task)
+        _matvec_task(blocks, code, x, sums, out, task)
     return out
 
 
@@ -303,9 +163,9 @@ def quant_matvec(blocks: np.ndarray, code: int, x: np.ndarray) -> np.ndarray:
 def quant_matvec_serial(blocks: np.ndarray, code: int, x: np.ndarray) -> np.ndarray:
     """``quant_matvec`` on the calling thread alone, for matrices too small to repay waking a pool."""
     out = np.empty(blocks.shape[0], np.float32)
-    x_sums = _x_sums(code, x)
+    sums = x_sums(code, (x,))
     for task in range(ceil_div(blocks.shape[0], ROWS_PER_TASK)):
-        _matvec_task(blocks, code, x, x_sums, out, task)
+        _matvec_task(blocks, code, x, sums, out, task)
     return out
 
 
@@ -347,5 +207,5 @@ def dequantize_rows(blocks: np.ndarray, code: int, num_cols: int) -> np.ndarray:
     """
     out = np.empty((blocks.shape[0], num_cols), np.float32)
     for r in prange(blocks.shape[0]):
-        _decode_row(code, blocks[r], out[r])
+        decode_row(code, (blocks[r], out[r]))
     return out

@@ -90,9 +90,15 @@ def threads_now() -> int:
 
 @contextlib.contextmanager
 def computing() -> Iterator[None]:
-    """Around a forward pass of the fast ops: Numba's pool on the cores free now, BLAS on the calling thread."""
+    """Around a forward pass of the fast ops: Numba's pool on the cores free now, BLAS on the calling thread;
+    before the first pass, its kernels loaded (``warm.py``); after each, the compiler's pages out of the
+    resident set if it ran (``compiler_memory.py``)."""
     import numba
 
+    from refllm.kernels import compiler_memory
+    from refllm.kernels.warm import load_pass_kernels
+
+    load_pass_kernels()
     chosen = numba.get_num_threads()
     numba.set_num_threads(threads_now())
     try:
@@ -100,3 +106,4 @@ def computing() -> Iterator[None]:
             yield
     finally:
         numba.set_num_threads(chosen)
+        compiler_memory.release()

@@ -17,7 +17,10 @@ behind this interface: given an ``attend`` function (the spec op set's
 values as plain arrays; given ``OWN_ATTENTION`` (the fast op set's), it attends
 its own way (the paged arena's Numba kernels; the contiguous cache has only the
 spec). Which cache a model runs with and which op set it computes with are
-separate choices (``refllm/models/ops.py``).
+separate choices (``refllm/models/ops.py``). A layer the fast op set also built as one
+compiled call asks the cache to run it (``run_layer``): the paged arena runs the compiled
+call over its blocks where its kernels can take it, every cache runs the layer's steps above
+otherwise.
 """
 
 from __future__ import annotations
@@ -157,6 +160,16 @@ class KVCache(ABC):
         ``end`` (Gemma 3's images; each ends within the T new tokens). ``attend`` then gets them as
         ``image_spans=``.
         """
+
+    def run_layer(
+        self, layer: int, op_by_op: Callable, fused: Callable, x: np.ndarray, positions: np.ndarray,
+        seq_ids: Sequence[int], image_spans: Sequence[ImageSpans] | None = None,
+    ) -> np.ndarray:  # fmt: skip
+        """x [B, T, D] through decoder layer ``layer`` -> [B, T, D]: ``fused(x, keys, values, view, positions)``,
+        the whole layer in one compiled call over this cache's blocks of the layer, where the cache's own
+        kernels can take it; else ``op_by_op(x, positions, cache, seq_ids, image_spans)``, the layer's blocks
+        calling this cache's ``write`` and ``attention``. Here: op by op."""
+        return op_by_op(x, positions, self, seq_ids, image_spans)
 
     @abstractmethod
     def commit(self, seq_ids: Sequence[int], num_new: int) -> None:

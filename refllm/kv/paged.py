@@ -18,8 +18,8 @@ with. Keyed blocks are never written while keyed: ``reserve`` copies a shared
 block the new tokens land in, and takes a keyed block its only holder reopens
 (after ``truncate``, or a fully cached prompt) out of the cache first.
 
-``write`` and ``attention`` validate and hand the batch's block tables and
-slots to ``refllm.kv.block_attention``.
+``write``, ``attention`` and ``run_layer`` validate and hand the batch's block tables and slots on
+(``refllm.kv.block_attention``; a compiled layer's call: decode steps, their batches, speculative checks).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from refllm.kv.blocks import BlockPool
 from refllm.nn.attention import ImageSpans
 from refllm.nn.attention import attention as spec_attention
 
+FUSED_TOKENS = 16  # new tokens a sequence from which a layer runs op by op: a prompt chunk's products dominate
 DEFAULT_BUDGET_SEQUENCES = 8  # the default arena holds this many full-context sequences ...
 DEFAULT_BUDGET_CAP_BYTES = 2 * 1024**3  # ... unless that takes more than 2 GiB
 
@@ -253,6 +254,12 @@ class PagedKVArena(KVCache):
         if attend is OWN_ATTENTION:
             attend = None if self.use_kernels else spec_attention  # None: attend_blocks runs the kernels
         return attend_blocks(self.k[layer], self.v[layer], view, q, scale, window, softcap, attend, image_spans)
+
+    def run_layer(self, layer, op_by_op, fused, x, positions, seq_ids, image_spans=None) -> np.ndarray:
+        """``KVCache.run_layer``: fused over float32 blocks, below FUSED_TOKENS new tokens a sequence, no images."""
+        if not self.use_kernels or x.shape[1] >= FUSED_TOKENS or any(image_spans or ()):
+            return op_by_op(x, positions, self, seq_ids, image_spans)
+        return fused(x, self.k[layer], self.v[layer], self._batch_view(seq_ids, x.shape[1]), positions)
 
     def commit(self, seq_ids: Sequence[int], num_new: int) -> None:
         """Count ``num_new`` written tokens in each length; blocks that become full and known get cache keys."""

@@ -24,7 +24,8 @@ import numpy as np
 from refllm.config import ModelConfig
 from refllm.kv import KVCache
 from refllm.models.attention import GroupedQueryAttentionBlock, LatentAttentionBlock, Rotation, Spans, no_rotation
-from refllm.models.ops import OpSet
+from refllm.models.fused_layer import fused_layer
+from refllm.models.ops import OpSet, fast_ops
 from refllm.models.weights import LayerWeights, ModelWeights, SparseMLPWeights
 from refllm.moe_parameters import TOPK_THEN_SOFTMAX, GroupedExperts, MoeParameters
 from refllm.nn.mlp import MLPWeights, clamped_swiglu, gated_mlp
@@ -153,7 +154,10 @@ def build_layers(config: ModelConfig, weights: ModelWeights, ops: OpSet, dtype: 
             layers.append(ParallelDecoderLayer(attention, mlp, Norm(w.attention_norm, norm)))
             continue
         norms = {role: None if weight is None else Norm(weight, norm) for role, weight in _norm_weights(w).items()}
-        layers.append(DecoderLayer(attention, mlp, norms, config.residual_scale))
+        layer = DecoderLayer(attention, mlp, norms, config.residual_scale)
+        # the fast op set as it is, not a test's variant of it (and no Numba for the spec ops: fast_ops loads it)
+        fused = ops.name == "fast" and ops is fast_ops() and dtype == np.float32
+        layers.append(fused_layer(config, index, w, layer, angles[config.layer_types[index]]) if fused else layer)
     return layers
 
 

@@ -32,6 +32,12 @@ class UnsupportedFormatError(ValueError):
     """A GGML tensor type this module cannot dequantize."""
 
 
+# How a quantized matrix meets its inputs in the kernels: in float32 (the default: the spec's product
+# to float32 rounding), or quantized to 8 bits per block of 32 for integer dot products
+# (refllm/kernels/int8_matmul.py; Q4_0, Q4_1 and Q8_0 matrices, the others stay float32).
+ACTIVATIONS = ("float32", "int8")
+
+
 @dataclass(frozen=True)
 class BlockFormat:
     name: str  # ggml's name, as in gguf.GGMLQuantizationType

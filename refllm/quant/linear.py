@@ -27,15 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from refllm.kernels.quant_matmul import (
-    FORMAT_CODES,
-    KERNEL_FORMATS,
-    quant_matmul,
-    quant_matmul_serial,
-    quant_matvec,
-    quant_matvec_serial,
-)
-from refllm.quant.formats import UnsupportedFormatError, dequantize, stored_size
+from refllm.kernels.int8_matmul import INT8_TOKENS, int8_matmul, int8_matmul_serial, int8_reads, quantize_activations
+from refllm.kernels.quant_formats import FORMAT_CODES, KERNEL_FORMATS
+from refllm.kernels.quant_matmul import quant_matmul, quant_matmul_serial, quant_matvec, quant_matvec_serial
+from refllm.quant.formats import ACTIVATIONS, UnsupportedFormatError, dequantize, stored_size
 from refllm.quant.requantize import REQUANTIZE_FORMATS, requantize
 
 
@@ -59,8 +54,38 @@ def _parallel_min_weights() -> int:
 PARALLEL_MIN_WEIGHTS = _parallel_min_weights()
 
 
+_loaded: set[str] = set()  # the activations whose products' kernels this process has loaded
+
+
+def _load_kernels(activations: str) -> None:
+    """Load the products of a model's passes (a prompt's, a decode step's) together, on a tiny matrix,
+    the first time a product with ``activations`` runs.
+
+    Loading a kernel runs Numba's compiler, whose pages ``refllm/kernels/compiler_memory.py`` then
+    drops from the resident set. Loaded at the first product of a forward pass, before most weights
+    are read, they no longer load at its end (the LM head's decode product after a prompt), when
+    the compiler's pages would have sat on top of every weight (45 MB of a 1B model's peak)."""
+    if activations in _loaded:
+        return
+    _loaded.add(activations)
+    blocks = np.zeros((4, FORMAT_BLOCK_BYTES), np.uint8)
+    blocks.flags.writeable = False  # as every QuantizedTensor's blocks: the same compiled kernels
+    x = np.zeros((2, 32), np.float32)
+    if activations == "int8":
+        int8_matmul(blocks, FORMAT_CODES["Q4_0"], *quantize_activations(x))
+    quant_matvec(blocks, FORMAT_CODES["Q4_0"], x[0])
+    quant_matmul(blocks, FORMAT_CODES["Q4_0"], x)  # prompts, in either case
+
+
+FORMAT_BLOCK_BYTES = 18  # one Q4_0 block: 32 weights
+
+
 class QuantizedShapeError(ValueError):
     """An input whose shape or dtype does not fit a quantized matrix."""
+
+
+class UnsupportedActivationsError(ValueError):
+    """An ``activations`` setting that is not one of ACTIVATIONS."""
 
 
 class QuantizedTensor:
@@ -68,7 +93,7 @@ class QuantizedTensor:
 
     ndim = 2
 
-    def __init__(self, blocks: np.ndarray, format: str, shape: tuple[int, int]):
+    def __init__(self, blocks: np.ndarray, format: str, shape: tuple[int, int], activations: str = "float32"):
         if format not in FORMAT_CODES:
             raise UnsupportedFormatError(
                 f"no quantized kernel reads {format}; they read {', '.join(KERNEL_FORMATS)}"
@@ -87,6 +112,7 @@ class QuantizedTensor:
         self.format = format
         self.shape = (rows, cols)
         self._code = FORMAT_CODES[format]
+        self.use_activations(activations)
 
     @classmethod
     def from_raw(cls, raw: np.ndarray, format: str, shape: tuple[int, int]) -> QuantizedTensor:
@@ -98,6 +124,24 @@ class QuantizedTensor:
     def quantize(cls, weights: np.ndarray, format: str) -> QuantizedTensor:
         """Float weights [R, C] -> QuantizedTensor in ``format`` (Q8_0 or Q4_0), as llama.cpp quantizes."""
         return cls(requantize(weights, format), format, weights.shape)
+
+    def use_activations(self, activations: str) -> None:
+        """Multiply activations as ``activations`` says from now on: "int8" where a kernel multiplies
+        this format by int8 activations (Q4_0, Q4_1, Q8_0), float32 for the other formats."""
+        if activations not in ACTIVATIONS:
+            raise UnsupportedActivationsError(
+                f"activations must be one of {', '.join(ACTIVATIONS)}; got {activations!r}"
+            )
+        self.activations = activations if int8_reads(self.format) else "float32"
+
+    def with_activations(self, activations: str) -> QuantizedTensor:
+        """The same blocks, multiplying activations as ``activations`` says (one of ACTIVATIONS)."""
+        return QuantizedTensor(self.blocks, self.format, self.shape, activations)
+
+    @property
+    def code(self) -> int:
+        """The format's code in the kernels (``refllm/kernels/quant_formats.py``)."""
+        return self._code
 
     @property
     def nbytes(self) -> int:
@@ -116,10 +160,14 @@ class QuantizedTensor:
                 f" got {getattr(x, 'dtype', type(x).__name__)} {getattr(x, 'shape', '')}"
             )
         tokens = np.ascontiguousarray(x.reshape(-1, cols))  # [T, C]
+        _load_kernels(self.activations)
         # From two tokens on, decoding each row once and multiplying it into every token beats
         # decoding it in registers once per token (benchmarks/bench_quant_kernels.py --crossover).
         parallel = len(tokens) * rows * cols >= PARALLEL_MIN_WEIGHTS
-        if len(tokens) == 1:
+        if self.activations == "int8" and len(tokens) < INT8_TOKENS:
+            product = int8_matmul if parallel else int8_matmul_serial
+            out = product(self.blocks, self._code, *quantize_activations(tokens))
+        elif len(tokens) == 1:
             out = (quant_matvec if parallel else quant_matvec_serial)(self.blocks, self._code, tokens[0])
         else:
             out = (quant_matmul if parallel else quant_matmul_serial)(self.blocks, self._code, tokens)
@@ -131,7 +179,8 @@ class QuantizedTensor:
             start, stop, step = index.indices(self.shape[0])
             if step != 1:
                 raise QuantizedShapeError(f"a QuantizedTensor slices contiguous rows; got step {step}")
-            return QuantizedTensor(self.blocks[start:stop], self.format, (max(stop - start, 0), self.shape[1]))
+            rows = (max(stop - start, 0), self.shape[1])
+            return QuantizedTensor(self.blocks[start:stop], self.format, rows, self.activations)
         ids = np.asarray(index)
         if not np.issubdtype(ids.dtype, np.integer):
             raise QuantizedShapeError(f"a QuantizedTensor is indexed by a row slice or integer rows; got {index!r}")
