@@ -15,25 +15,19 @@ import time
 
 import httpx
 import numpy as np
-import pytest
 
 import refllm
-from refllm.config import ModelConfig
 from refllm import progress
 from refllm.commands import common
+from refllm.config import ModelConfig
 from refllm.kv import CacheConfig
 from refllm.memory import RUNTIME_BYTES, weight_bytes
 from refllm.models.decoder import cache_shape_for
 from refllm.models.random import random_model
 from refllm.runtime.llm import LLM, PREFILL_CHUNK
 from refllm.server import BackgroundServer, create_app
-from tests.test_cli import ROOT, chat_messages, refllm_process, run, write_tiny_model
-from tests.test_cli_for_people import read_until
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> str:
-    return str(write_tiny_model(tmp_path_factory.mktemp("chat") / "tiny"))
+from tests.helpers.command_line import chat_messages, read_until, refllm_process, run
+from tests.helpers.paths import ROOT
 
 
 def chat(capsys, monkeypatch, tiny, lines: str, *flags: str) -> tuple[int, str, str]:
@@ -176,8 +170,8 @@ def test_a_prompt_too_long_for_the_context_is_refused_before_it_is_echoed(tiny, 
 
 
 def test_info_reports_memory_for_the_quantized_weights_a_run_loads_and_for_dequantize(tmp_path, capsys):
-    from tests.test_cli import info_rows
-    from tests.test_gguf_source import convert
+    from tests.helpers.command_line import info_rows
+    from tests.helpers.gguf_convert import convert
 
     path = str(convert("llama", tmp_path / "llama.gguf", "Q8_0"))
     code, out, _ = run(capsys, "info", path, "--context", "64")

@@ -11,26 +11,20 @@ import io
 import json
 import os
 import re
-import select
 import subprocess
 import sys
-import time
 
 import numba
 import pytest
 
 from refllm import catalog, progress
-from tests.real_models import SMOLLM2, real_model_or_skip
-from tests.test_cli import ROOT, chat_messages, refllm_process, run, write_tiny_model
+from tests.helpers.command_line import chat_messages, read_until, refllm_process, run
+from tests.helpers.paths import ROOT
+from tests.helpers.real_models import SMOLLM2, real_model_or_skip
 
 STATS = re.compile(
     r"^prompt \d+ tokens, \d+\.\d tokens/s \| generated (\d+) tokens, \d+\.\d tokens/s \| stopped: (.+)$", re.M
 )
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> str:
-    return str(write_tiny_model(tmp_path_factory.mktemp("people") / "tiny"))
 
 
 def test_version():
@@ -244,15 +238,6 @@ def test_load_restores_the_conversation_and_a_bad_file_changes_nothing(tiny, tmp
         ]
     ]
     assert STATS.findall(err)[0][0] == "2"  # max_tokens came back with the conversation
-
-
-def read_until(fd: int, pattern: str, seen: list[str], timeout: float = 120) -> None:
-    """Read the terminal into ``seen`` until its text matches ``pattern``."""
-    deadline = time.monotonic() + timeout
-    while not re.search(pattern, "".join(seen), re.S):
-        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-        assert ready, f"waited for {pattern!r}; the terminal shows: {''.join(seen)[-2000:]!r}"
-        seen.append(os.read(fd, 65536).decode("utf-8", "replace"))
 
 
 def test_chat_on_a_terminal_has_line_editing_and_history(tiny, tmp_path):

@@ -36,11 +36,12 @@ from refllm.runtime.perplexity import perplexity, sliding_windows
 from refllm.testing.backends import as_backend
 from refllm.testing.checkpoint import Checkpoint
 from refllm.testing.golden import DumpOptions, Golden, Prompt, check, dump
-from tests.hf_fixtures import DATA
-from tests.mutants import interleaved_rope
-from tests.test_cli import CORPUS, ROOT, run, write_tiny_model
+from tests.helpers.command_line import run
+from tests.helpers.model_directory import CORPUS, write_tiny_model
+from tests.helpers.mutants import interleaved_rope
+from tests.helpers.paths import HF_DATA, ROOT
 
-MODEL = DATA / "gemma3_text"  # context 128, vocabulary 128
+MODEL = HF_DATA / "gemma3_text"  # context 128, vocabulary 128
 OPTIONS = DumpOptions(new_tokens=12, top_k=5, positions=4, hidden_states=True)
 
 

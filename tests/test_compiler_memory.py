@@ -20,8 +20,7 @@ import pytest
 from numba import njit
 
 from refllm.kernels import compiler_memory
-
-HF = Path(__file__).parent / "data" / "hf"
+from tests.helpers.paths import HF_DATA
 
 
 def resident() -> int:
@@ -54,7 +53,7 @@ import numpy as np, refllm
 import refllm.quant.linear as linear
 from refllm.kernels import compiler_memory
 linear.PARALLEL_MIN_WEIGHTS = 0  # the tiny model's products take the parallel kernels, as a real model's do
-model = refllm.load_model({str(HF / "llama")!r}, quantize="q4_0", activations=ACTIVATIONS)
+model = refllm.load_model({str(HF_DATA / "llama")!r}, quantize="q4_0", activations=ACTIVATIONS)
 cache = model.create_kv_cache()
 model.prefill(np.array([[1, 2]]), cache, range(2))
 runs = compiler_memory._CompilerUse.runs

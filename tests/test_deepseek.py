@@ -16,28 +16,29 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import refllm
-from refllm import CacheConfig, InMemorySource, DecoderModel, ModelConfig
+from refllm import CacheConfig, DecoderModel, InMemorySource, ModelConfig
 from refllm.errors import ConfigError
+from refllm.kernels.latent_attention import absorbed_latent_attention
 from refllm.loading import open_source
 from refllm.models.weights import SparseMLPWeights
-from refllm.kernels.latent_attention import absorbed_latent_attention
 from refllm.nn.latent_attention import latent_attention
 from refllm.nn.moe_grouped import grouped_topk_routing
 from refllm.runtime.llm import LLM
-from tests.hf_fixtures import DATA, NEW_TOKENS
-from tests.test_hf_parity import ATOL, RTOL, all_logits
-from tests.test_moe import weights_read_by_a_decode_step
+from tests.helpers.hf_fixtures import NEW_TOKENS
+from tests.helpers.op_sets import weights_read_by_a_decode_step
+from tests.helpers.parity import ATOL, RTOL, all_logits
+from tests.helpers.paths import HF_DATA
 
 CASES = ["deepseek_v3", "deepseek_v3-plain-q"]
 
 
 def fixture_tensors(name: str) -> tuple[ModelConfig, dict[str, np.ndarray]]:
-    source = open_source(DATA / name)
+    source = open_source(HF_DATA / name)
     return source.config, {n: source.tensor(n) for n in source.tensor_names()}
 
 
 def logits_with(name: str, config: ModelConfig, tensors: dict[str, np.ndarray]) -> np.ndarray:
-    reference = np.load(DATA / name / "reference.npz")
+    reference = np.load(HF_DATA / name / "reference.npz")
     return all_logits(DecoderModel.load(InMemorySource(config, tensors)), reference["input_ids"])
 
 
@@ -60,7 +61,7 @@ def variants(config: ModelConfig, tensors: dict[str, np.ndarray]) -> dict[str, t
 @pytest.mark.parametrize("name", CASES)
 def test_every_mechanism_changes_the_logits(name):
     config, tensors = fixture_tensors(name)
-    reference = np.load(DATA / name / "reference.npz")["logits"]
+    reference = np.load(HF_DATA / name / "reference.npz")["logits"]
     np.testing.assert_allclose(logits_with(name, config, tensors), reference, ATOL, RTOL)
     for mechanism, (changed_config, changed_tensors) in variants(config, tensors).items():
         moved = np.max(np.abs(logits_with(name, changed_config, changed_tensors) - reference))
@@ -68,20 +69,20 @@ def test_every_mechanism_changes_the_logits(name):
 
 
 def test_the_yarn_fixture_scales_the_softmax_by_mscale_squared():
-    config = refllm.load_model(DATA / "deepseek_v3").config
+    config = refllm.load_model(HF_DATA / "deepseek_v3").config
     rope = config.rope_for_layer(0)
     assert rope.rope_type == "yarn" and rope.mscale_all_dim == 1.0
     mscale = 0.1 * np.log(rope.factor) + 1.0
     assert config.attention.scale == pytest.approx(config.attention.qk_head_dim**-0.5 * mscale**2)
     unscaled = replace(config, attention=replace(config.attention, scale=config.attention.qk_head_dim**-0.5))
     _, tensors = fixture_tensors("deepseek_v3")
-    reference = np.load(DATA / "deepseek_v3" / "reference.npz")["logits"]
+    reference = np.load(HF_DATA / "deepseek_v3" / "reference.npz")["logits"]
     assert np.max(np.abs(logits_with("deepseek_v3", unscaled, tensors) - reference)) > 100 * ATOL
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_the_cache_holds_one_latent_per_token_and_layer(name):
-    model = refllm.load_model(DATA / name)
+    model = refllm.load_model(HF_DATA / name)
     c = model.config
     width = c.attention.kv_lora_rank + c.attention.qk_rope_head_dim
     assert model.cache_shape.bytes_per_token == c.num_hidden_layers * width * 4
@@ -92,8 +93,8 @@ def test_the_cache_holds_one_latent_per_token_and_layer(name):
 @pytest.mark.parametrize("cache_kind", ["contiguous", "paged"])
 @pytest.mark.parametrize("name", CASES)
 def test_batched_prefill_and_decode_equal_single_runs(name, cache_kind):
-    model = refllm.load_model(DATA / name)
-    ids = np.load(DATA / name / "reference.npz")["input_ids"]
+    model = refllm.load_model(HF_DATA / name)
+    ids = np.load(HF_DATA / name / "reference.npz")["input_ids"]
     batch = np.concatenate([ids, ids[:, ::-1]])  # two different prompts of one length
     cache = model.create_kv_cache(CacheConfig(kind=cache_kind))
     batched = model.prefill_all_logits(batch, cache, range(batch.shape[1]))
@@ -108,8 +109,8 @@ def test_batched_prefill_and_decode_equal_single_runs(name, cache_kind):
 
 @pytest.mark.parametrize("name", CASES)
 def test_llm_on_the_paged_arena_reproduces_the_transformers_greedy_tokens(name):
-    reference = np.load(DATA / name / "reference.npz")
-    llm = LLM(refllm.load_model(DATA / name), CacheConfig(block_size=4, num_blocks=64))
+    reference = np.load(HF_DATA / name / "reference.npz")
+    llm = LLM(refllm.load_model(HF_DATA / name), CacheConfig(block_size=4, num_blocks=64))
     prompt = reference["input_ids"][0].tolist()
     logits = llm.prefill("a", prompt)
     np.testing.assert_allclose(logits, reference["logits"][0, -1], ATOL, RTOL)
@@ -120,7 +121,7 @@ def test_llm_on_the_paged_arena_reproduces_the_transformers_greedy_tokens(name):
     assert tokens == reference["greedy"].tolist()
     llm.prefill("b", prompt[:5])
     rows = llm.decode_batch([("a", 3, llm.length("a")), ("b", 4, 5)])
-    single = LLM(refllm.load_model(DATA / name), CacheConfig(block_size=4, num_blocks=64))
+    single = LLM(refllm.load_model(HF_DATA / name), CacheConfig(block_size=4, num_blocks=64))
     single.prefill("b", prompt[:5])
     np.testing.assert_allclose(rows[1], single.decode("b", 4, 5), ATOL, RTOL)
 
@@ -136,7 +137,7 @@ def test_fused_expert_tensors_load_as_the_per_expert_ones():
         gate_up = [np.concatenate([fused.pop(f"{prefix}{e}.{p}.weight") for p in ("gate_proj", "up_proj")]) for e in range(X)]
         fused[prefix + "gate_up_proj"] = np.stack(gate_up)
         fused[prefix + "down_proj"] = np.stack([fused.pop(f"{prefix}{e}.down_proj.weight") for e in range(X)])
-    reference = np.load(DATA / "deepseek_v3" / "reference.npz")["logits"]
+    reference = np.load(HF_DATA / "deepseek_v3" / "reference.npz")["logits"]
     np.testing.assert_allclose(logits_with("deepseek_v3", config, fused), reference, ATOL, RTOL)
 
 
@@ -153,7 +154,7 @@ def test_parameter_counts_cover_latent_attention_and_every_expert(name):
 
 def test_a_decode_step_reads_only_the_chosen_and_the_shared_experts():
     """The sparse layers run the experts loop every mixture shares (refllm/nn/moe.py), through the op set."""
-    model, read = weights_read_by_a_decode_step(DATA / "deepseek_v3")
+    model, read = weights_read_by_a_decode_step(HF_DATA / "deepseek_v3")
     sparse = [layer.mlp for layer in model.weights.layers if isinstance(layer.mlp, SparseMLPWeights)]
     assert len(sparse) == 2  # the first layer stays dense
     for mlp in sparse:
@@ -188,8 +189,8 @@ def test_routing_weights_come_from_the_scores_and_ties_go_to_the_lower_index():
     ],
 )
 def test_a_bad_deepseek_config_is_refused_by_name(change, named):
-    config = refllm.load_model(DATA / "deepseek_v3").config
-    config_json = json.loads((DATA / "deepseek_v3" / "config.json").read_text())
+    config = refllm.load_model(HF_DATA / "deepseek_v3").config
+    config_json = json.loads((HF_DATA / "deepseek_v3" / "config.json").read_text())
     assert ModelConfig.from_hf(config_json) == config
     with pytest.raises(ConfigError, match=named):
         ModelConfig.from_hf(config_json | change)
@@ -205,10 +206,10 @@ def test_the_multi_token_prediction_layer_of_official_checkpoints_is_skipped(tmp
     prediction = {extra + n[len(last) :]: t for n, t in tensors.items() if n.startswith(last)}
     prediction[extra + "eh_proj.weight"] = np.zeros((config.hidden_size, 2 * config.hidden_size), np.float32)
     save_file(tensors | prediction, str(tmp_path / "model.safetensors"))
-    config_json = json.loads((DATA / "deepseek_v3" / "config.json").read_text())
+    config_json = json.loads((HF_DATA / "deepseek_v3" / "config.json").read_text())
     assert config_json["num_nextn_predict_layers"] == 1
     (tmp_path / "config.json").write_text(json.dumps(config_json))
-    reference = np.load(DATA / "deepseek_v3" / "reference.npz")
+    reference = np.load(HF_DATA / "deepseek_v3" / "reference.npz")
     np.testing.assert_allclose(all_logits(refllm.load_model(tmp_path), reference["input_ids"]), reference["logits"], ATOL, RTOL)
     (tmp_path / "config.json").write_text(json.dumps(config_json | {"num_nextn_predict_layers": 0}))
     with pytest.raises(ConfigError, match="layers"):

@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from refllm.kernels import dense_matmul as module
 from refllm.kernels.dense_matmul import TOKEN_CHUNK, dense_matmul
 from refllm.kernels.dense_matmul import linear as linear_kernel
+from tests.helpers.rounding import assert_within_summation_bound
 
-UNIT_ROUNDOFF = 2.0**-24
 SETTINGS = settings(max_examples=60, deadline=None)
 
 
@@ -38,13 +38,6 @@ def products(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray]:
     weights = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
     x = rng.standard_normal((tokens, cols)).astype(np.float32)
     return x, weights
-
-
-def assert_within_summation_bound(actual: np.ndarray, x: np.ndarray, weights: np.ndarray) -> None:
-    expected = x.astype(np.float64) @ weights.T.astype(np.float64)
-    bound = 2 * (x.shape[1] + 2) * UNIT_ROUNDOFF * (np.abs(x).astype(np.float64) @ np.abs(weights).T.astype(np.float64))
-    assert actual.dtype == np.float32 and actual.shape == expected.shape
-    assert np.all(np.abs(actual.astype(np.float64) - expected) <= bound), np.max(np.abs(actual - expected) - bound)
 
 
 @SETTINGS

@@ -26,16 +26,16 @@ from refllm.runtime.engine import Engine
 from refllm.runtime.executor import LLMExecutor
 from refllm.runtime.sampling import SamplingParams
 from refllm.testing.truth import relative_error
-from tests.hf_fixtures import DATA, NEW_TOKENS
-from tests.test_hf_parity import ATOL, RTOL, all_logits
-from tests.test_op_sets import ROUNDING_MULTIPLE, ULP_FLOOR, logits_over
-from tests.test_op_sets import model as op_set_model
+from tests.helpers.hf_fixtures import NEW_TOKENS
+from tests.helpers.op_sets import ROUNDING_MULTIPLE, ULP_FLOOR, logits_over, random_weights_model
+from tests.helpers.parity import ATOL, RTOL, all_logits
+from tests.helpers.paths import HF_DATA
 
 FIXTURES = ["gemma2", "smollm3", "olmo2"]
 
 
 def load(name: str) -> tuple[DecoderModel, dict]:
-    return refllm.load_model(DATA / name), dict(np.load(DATA / name / "reference.npz"))
+    return refllm.load_model(HF_DATA / name), dict(np.load(HF_DATA / name / "reference.npz"))
 
 
 def pre_norm_twin(model: DecoderModel) -> DecoderModel:
@@ -127,16 +127,16 @@ def test_llm_reproduces_the_fixture_and_decode_batch_equals_single_decodes(name)
 def test_the_fast_ops_agree_with_the_spec(name, kind):
     """The kernel twins on each mechanism (soft-capped scores in the arena's kernels, NoPE, post-norms)."""
     tokens = [int(t) for t in np.random.default_rng(3).integers(0, 128, size=20)]
-    truth = logits_over(op_set_model(name, "float64"), "contiguous", tokens, 12)
-    spec = logits_over(op_set_model(name, reference=True), kind, tokens, 12)
-    fast = logits_over(op_set_model(name, reference=False), kind, tokens, 12)
+    truth = logits_over(random_weights_model(name, "float64"), "contiguous", tokens, 12)
+    spec = logits_over(random_weights_model(name, reference=True), kind, tokens, 12)
+    fast = logits_over(random_weights_model(name, reference=False), kind, tokens, 12)
     assert relative_error(fast, spec) <= ROUNDING_MULTIPLE * max(relative_error(spec, truth), ULP_FLOOR)
 
 
 @pytest.mark.parametrize("name", FIXTURES)
 def test_the_parameter_count_is_the_checkpoints(name):
     """``refllm info`` and the memory estimates count OLMo 2's post-norms and [H*E] q/k norms, Gemma 2's four norms."""
-    source = HFDirectorySource(DATA / name)
+    source = HFDirectorySource(HF_DATA / name)
     assert source.config.num_parameters == sum(source.tensor(t).size for t in source.tensor_names())
 
 
@@ -144,7 +144,7 @@ def test_the_parameter_count_is_the_checkpoints(name):
 
 
 def hub_config(name: str) -> dict:
-    return json.loads((DATA / name / "config.json").read_text())
+    return json.loads((HF_DATA / name / "config.json").read_text())
 
 
 def test_gemma2_takes_transformers_defaults_for_missing_caps_and_none_for_null_ones():

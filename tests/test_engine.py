@@ -16,11 +16,10 @@ from refllm.runtime.engine import Engine
 from refllm.runtime.executor import LLMExecutor
 from refllm.runtime.llm import LLM
 from refllm.runtime.sampling import SamplingParams, SamplingParamsError
-from tests.state import assert_same_state, snapshot
-from tests.test_model_properties import model_for
-from tests.test_tokenizer import EOS, byte_level_backend
-
-CYCLE = [3, 5, 7, 11]
+from tests.helpers.byte_level import EOS, byte_level_backend
+from tests.helpers.engine import CYCLE, ScriptFailure, assert_all_free, failing_script, greedy_reference
+from tests.helpers.random_models import model_for
+from tests.helpers.state import assert_same_state, snapshot
 
 
 def mixed_requests(count: int, seed: int, vocab_size: int) -> list[tuple[list[int], int]]:
@@ -30,12 +29,6 @@ def mixed_requests(count: int, seed: int, vocab_size: int) -> list[tuple[list[in
         (rng.integers(0, vocab_size, size=int(rng.integers(1, 24))).tolist(), int(rng.integers(1, 20)))
         for _ in range(count)
     ]
-
-
-def assert_all_free(engine: Engine) -> None:
-    status = engine.executor.status()
-    assert status.live_caches == 0 and status.blocks_free == status.blocks_total
-    assert not engine.has_work()
 
 
 def test_64_requests_through_a_small_arena_on_the_scripted_executor():
@@ -67,16 +60,6 @@ def test_requests_stop_at_eos_on_the_scripted_executor():
         assert len(completion.token_ids) == 5 and 0 not in completion.token_ids
         assert completion.finish_reason == "stop"
     assert_all_free(engine)
-
-
-def greedy_reference(llm: LLM, prompt: list[int], max_tokens: int) -> list[int]:
-    logits, tokens = llm.prefill("ref", prompt), []
-    while True:
-        tokens.append(int(np.argmax(logits)))
-        if len(tokens) == max_tokens or len(prompt) + len(tokens) >= llm.config.context_length:
-            llm.release("ref")
-            return tokens
-        logits = llm.decode("ref", tokens[-1], len(prompt) + len(tokens) - 1)
 
 
 def test_64_requests_through_a_small_arena_on_a_real_model():
@@ -167,16 +150,6 @@ def test_a_background_engine_serves_concurrent_clients():
     for i, (prompt, n) in enumerate(requests):
         assert results[i] == greedy_reference(reference, prompt, n)
     assert_all_free(engine)
-
-
-class ScriptFailure(ValueError):
-    pass
-
-
-def failing_script(prompt, fed):
-    if len(fed) == 3:
-        raise ScriptFailure("the executor broke")
-    return np.zeros(16, np.float32)
 
 
 @pytest.mark.parametrize("background", [False, True])

@@ -8,54 +8,19 @@ exactly the blocks of the live sequences, with their reference counts.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 import pytest
 
 from refllm import CacheConfig
 from refllm.runtime.configurable_executor import ConfigurableModelExecutor
 from refllm.runtime.engine import Engine
-from refllm.runtime.executor import DecodeInput, DecodeOutput, LLMExecutor, PrefillInput, PrefillOutput
+from refllm.runtime.executor import LLMExecutor
 from refllm.runtime.llm import LLM
 from refllm.runtime.sampling import LogitsError, SamplingParams
-from tests.test_engine import CYCLE, assert_all_free
-from tests.test_model_properties import model_for
+from tests.helpers.engine import CULPRIT, CYCLE, FaultyExecutor, InjectedFailure, assert_all_free
+from tests.helpers.random_models import model_for
 
-CULPRIT = [9, 9, 9]
 HEALTHY = [[1, 2, 3], [4, 5], [6, 7, 8, 10, 11]]
-
-
-class InjectedFailure(RuntimeError):
-    pass
-
-
-class FaultyExecutor(LLMExecutor):
-    """An LLMExecutor whose decodes go wrong for the sequences of one prompt once they hold ``after`` tokens:
-    ``fault="raise"`` fails the whole batch_decode that holds one, ``fault="nan"`` gives its row NaN logits."""
-
-    def __init__(self, llm: LLM, culprit: Sequence[int], fault: str, after: int):
-        super().__init__(llm, offload=False)
-        self.culprit, self.fault, self.after = list(culprit), fault, after
-        self.culprit_caches: set = set()
-
-    async def prefill(self, request: PrefillInput) -> PrefillOutput:
-        out = await super().prefill(request)
-        if request.kv_cache is None and list(request.input_ids) == self.culprit:
-            self.culprit_caches.add(out.kv_cache.cache_id)
-        return out
-
-    async def batch_decode(self, requests: Sequence[DecodeInput]) -> list[DecodeOutput]:
-        hit = [
-            i for i, r in enumerate(requests)
-            if r.kv_cache.cache_id in self.culprit_caches and r.kv_cache.num_tokens >= self.after
-        ]  # fmt: skip
-        if hit and self.fault == "raise":
-            raise InjectedFailure("the forward pass broke on the culprit's row")
-        outputs = await super().batch_decode(requests)
-        for i in hit:
-            outputs[i] = DecodeOutput(np.full_like(outputs[i].logits, np.nan), outputs[i].kv_cache)
-        return outputs
 
 
 def culprit_script(failing_at: int, nan: bool = False):

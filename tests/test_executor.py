@@ -22,9 +22,8 @@ from refllm.runtime.executor import (
     PrefillInput,
 )
 from refllm.runtime.llm import LLM
-from tests.state import assert_same_state, snapshot
-from tests.test_llm import CLOSE, fresh_logits
-from tests.test_model_properties import model_for
+from tests.helpers.random_models import CLOSE, fresh_logits, model_for
+from tests.helpers.state import assert_same_state, snapshot
 
 PLAIN = ["info", "capabilities", "status", "release_cache"]
 COROUTINES = [

@@ -24,12 +24,13 @@ from refllm.commands import warm_start
 from refllm.kv import CacheConfig
 from refllm.progress import COMPILE_NOTICE
 from refllm.runtime.llm import LLM
-from tests.test_cli import ROOT, write_tiny_model
+from tests.helpers.model_directory import write_tiny_model
+from tests.helpers.paths import ROOT
 
 
 @pytest.fixture(scope="module")
 def quantized_path(tmp_path_factory):
-    from tests.test_gguf_source import convert
+    from tests.helpers.gguf_convert import convert
 
     return convert("llama", tmp_path_factory.mktemp("first-run") / "llama.gguf", "Q8_0")
 

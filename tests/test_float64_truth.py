@@ -19,14 +19,15 @@ import numpy as np
 import pytest
 
 import refllm
-from refllm.kv import CacheConfig
 from refllm.kernels.rope import RopeTable
+from refllm.kv import CacheConfig
 from refllm.models.decoder import DecoderModel
 from refllm.models.ops import SPEC_OPS
 from refllm.testing.truth import relative_error
-from tests.float64_reference import reference_logits
+from tests.helpers.float64_reference import reference_logits
+from tests.helpers.paths import HF_DATA
 
-CHECKPOINTS = sorted(p for p in (Path(__file__).parent / "data" / "hf").iterdir() if (p / "config.json").exists())
+CHECKPOINTS = sorted(p for p in HF_DATA.iterdir() if (p / "config.json").exists())
 TOKENS = [int(t) for t in np.random.default_rng(7).integers(0, 128, size=26)]
 PROMPT = 12  # then 14 decode steps: positions 12 .. 25
 TRUTH_BOUND = 1e-9  # relative to the largest logit

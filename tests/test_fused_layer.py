@@ -13,7 +13,6 @@ layers as they are.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,9 +21,9 @@ import refllm
 from refllm.kv import CacheConfig
 from refllm.models.fused_layer import FusedDecoderLayer
 from refllm.models.ops import fast_ops
+from tests.helpers.paths import HF_DATA
 
-HF = Path(__file__).parent / "data" / "hf"
-ARCHITECTURES = sorted(p.name for p in HF.iterdir() if (p / "config.json").exists())
+ARCHITECTURES = sorted(p.name for p in HF_DATA.iterdir() if (p / "config.json").exists())
 NOT_FUSED = {"cohere", "cohere-no-qk-norm", "deepseek_v3", "deepseek_v3-plain-q", "gpt_oss", "mixtral", "qwen3_moe"}
 
 
@@ -51,7 +50,7 @@ def every_kind_of_step(model, kind: str) -> np.ndarray:
 
 @pytest.mark.parametrize("name", ARCHITECTURES)
 def test_fused_layers_give_the_op_by_op_logits_bit_for_bit(name):
-    model = refllm.load_model(HF / name)
+    model = refllm.load_model(HF_DATA / name)
     assert all(isinstance(layer, FusedDecoderLayer) for layer in model.layers) == (name not in NOT_FUSED)
     plain = op_by_op(model)
     assert not any(isinstance(layer, FusedDecoderLayer) for layer in plain.layers)
@@ -61,13 +60,13 @@ def test_fused_layers_give_the_op_by_op_logits_bit_for_bit(name):
 
 @pytest.mark.parametrize("quantize, activations", [("q8_0", "float32"), ("q4_0", "float32"), ("q4_0", "int8")])
 def test_quantized_fused_layers_give_the_op_by_op_logits_bit_for_bit(quantize, activations):
-    model = refllm.load_model(HF / "qwen2", quantize=quantize, activations=activations)
+    model = refllm.load_model(HF_DATA / "qwen2", quantize=quantize, activations=activations)
     assert all(isinstance(layer, FusedDecoderLayer) for layer in model.layers)
     np.testing.assert_array_equal(every_kind_of_step(model, "paged"), every_kind_of_step(op_by_op(model), "paged"))
 
 
 def test_int8_activations_reach_the_fused_layers():
     """The option is set after the blocks are built: the model is rebuilt, so the compiled layers take it."""
-    default = refllm.load_model(HF / "llama", quantize="q4_0")
-    int8 = refllm.load_model(HF / "llama", quantize="q4_0", activations="int8")
+    default = refllm.load_model(HF_DATA / "llama", quantize="q4_0")
+    int8 = refllm.load_model(HF_DATA / "llama", quantize="q4_0", activations="int8")
     assert not np.array_equal(every_kind_of_step(default, "paged"), every_kind_of_step(int8, "paged"))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fuzz_loaders import Seeds, Stats, make_seeds, run_cases
+from tests.helpers.fuzz_loaders import Seeds, Stats, make_seeds, run_cases
 
 EXAMPLES = 30
 

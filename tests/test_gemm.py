@@ -25,7 +25,7 @@ from refllm.kernels.dense_matmul import linear as linear_kernel
 from refllm.kernels.gemm import GEMM_TOKENS
 from refllm.kernels.threads import computing
 from refllm.machine import machine_key
-from tests.test_dense_matmul import assert_within_summation_bound
+from tests.helpers.rounding import assert_within_summation_bound
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from refllm.io.gguf_header import GGUFHeaderError, read_header
-from tests.test_gguf_source import GGUF_ARCHITECTURES, convert
-from tests.test_gguf_tokenizer import SUITE
+from tests.helpers.gguf_convert import GGUF_ARCHITECTURES, convert
+from tests.helpers.paths import TOKENIZER_SUITE
 
 INTEGER_TYPES = {
     gguf.GGUFValueType.UINT8: (0, 2**8 - 1), gguf.GGUFValueType.INT8: (-(2**7), 2**7 - 1),
@@ -94,9 +94,9 @@ def test_converted_checkpoints_read_as_ggufs_reader_reads_them(case, tensor_type
     assert_same_as_ggufs_reader(convert(case, tmp_path / "model.gguf", tensor_type))
 
 
-@pytest.mark.skipif(not SUITE.is_dir(), reason=f"no tokenizer suite at {SUITE}")
+@pytest.mark.skipif(not TOKENIZER_SUITE.is_dir(), reason=f"no tokenizer suite at {TOKENIZER_SUITE}")
 def test_the_tokenizer_suites_vocabularies_read_as_ggufs_reader_reads_them():
-    paths = sorted(SUITE.glob("*.gguf"))
+    paths = sorted(TOKENIZER_SUITE.glob("*.gguf"))
     assert paths
     for path in paths:
         assert_same_as_ggufs_reader(path)

@@ -1,16 +1,16 @@
 """GGUFSource: metadata, names and converter quirks mapped back to Hugging Face's, and refusals.
 
-The Hugging Face fixtures of ``tests/data/hf`` are converted to GGUF here the
-way llama.cpp's ``convert_hf_to_gguf.py`` converts a checkpoint: its metadata
-keys, gguf's own tensor-name map, the q/k row permutation of ``llama`` files
-and the +1 on Gemma's norm weights. Loading the result must give back the
-model that transformers' reference outputs were recorded from.
+The Hugging Face fixtures of ``tests/data/hf`` are converted to GGUF
+(``tests/helpers/gguf_convert.py``) the way llama.cpp's ``convert_hf_to_gguf.py``
+converts a checkpoint: its metadata keys, gguf's own tensor-name map, the q/k row
+permutation of ``llama`` files and the +1 on Gemma's norm weights. Loading the
+result must give back the model that transformers' reference outputs were
+recorded from.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import replace
 from pathlib import Path
 
 import gguf
@@ -20,8 +20,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import refllm
-from refllm import CacheConfig, DecoderModel, ModelConfig
+from refllm import DecoderModel
 from refllm.errors import MissingTensorError, WeightError
+from refllm.families.gemma import GEMMA3_LOCAL_ROPE_THETA
 from refllm.io.gguf import (
     GGUFFileError,
     GGUFSource,
@@ -29,18 +30,15 @@ from refllm.io.gguf import (
     permute,
     reverse_permute,
 )
-from refllm.families.gemma import GEMMA3_LOCAL_ROPE_THETA
 from refllm.io.safetensors import HFDirectorySource
 from refllm.loading import ModelNotFoundError
 from refllm.quant.linear import QuantizedTensor
 from refllm.recipe import NormPlacement, QKNorm
-from tests.hf_fixtures import DATA, NEW_TOKENS
+from tests.helpers.gguf_convert import convert, float32_eps
+from tests.helpers.hf_fixtures import NEW_TOKENS
+from tests.helpers.parity import ATOL, RTOL, all_logits, greedy
+from tests.helpers.paths import HF_DATA
 
-GGUF_ARCHITECTURES = {
-    "llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma3_text": "gemma3",
-    "gemma2": "gemma2", "smollm3": "smollm3", "olmo2": "olmo2",
-    "mixtral": "llama", "qwen3_moe": "qwen3moe",  # convert_hf_to_gguf.py writes Mixtral as llama with experts
-}  # fmt: skip
 # Fixtures whose every hyper-parameter a GGUF file can carry, with the tensor type to store them in
 # (the dtype the fixture's safetensors hold, so storing loses nothing).
 EXACT_CASES = {
@@ -52,134 +50,6 @@ EXACT_CASES = {
     "phi3": "F32",
 }
 GEMMA_CASES = ["gemma3_text", "gemma3_text-softcap"]
-ATOL = RTOL = 1e-4
-
-
-# ---- a converter that does what convert_hf_to_gguf.py does -------------------------------------------
-
-
-def convert(case: str | Path, path, tensor_type: str = "F32", *, skip: tuple[str, ...] = (), extra=None, more=None):
-    """Write the Hugging Face fixture ``case`` (or the model directory at a Path) as a GGUF file at ``path``, as
-    llama.cpp would; ``more(writer)``, if given, writes more metadata (a tokenizer, say)."""
-    source = HFDirectorySource(case if isinstance(case, Path) else DATA / case)
-    c = source.config
-    a = c.attention
-    arch = GGUF_ARCHITECTURES[c.model_type]
-    writer = gguf.GGUFWriter(path, arch)
-    writer.add_context_length(c.max_position_embeddings)
-    writer.add_embedding_length(c.hidden_size)
-    writer.add_feed_forward_length(c.mlp.intermediate_size)
-    writer.add_block_count(c.num_hidden_layers)
-    writer.add_head_count(a.num_heads)
-    writer.add_head_count_kv(a.num_kv_heads)
-    writer.add_layer_norm_rms_eps(c.norms.eps)
-    writer.add_key_length(a.head_dim)
-    writer.add_value_length(a.head_dim)
-    writer.add_bos_token_id(c.bos_token_id)
-    writer.add_eos_token_id(c.eos_token_ids[0])
-    global_rope = c.rope["full_attention"] if "full_attention" in c.rope else next(iter(c.rope.values()))
-    writer.add_rope_freq_base(global_rope.theta)
-    if global_rope.rope_type == "linear":
-        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-        writer.add_rope_scaling_factor(global_rope.factor)
-    if arch not in ("gemma3", "gemma2"):
-        writer.add_rope_dimension_count(int(a.head_dim * global_rope.partial_rotary_factor))
-    if arch == "phi3":
-        writer.add_rope_scaling_orig_ctx_len(global_rope.original_max_position_embeddings)
-    if arch in ("phi3", "gemma3", "gemma2"):
-        writer.add_sliding_window(c.sliding_window or 0)
-    if c.final_logit_softcapping:
-        writer.add_final_logit_softcapping(c.final_logit_softcapping)
-    if a.softcap:
-        writer.add_attn_logit_softcapping(a.softcap)
-    if c.experts is not None:
-        writer.add_expert_count(c.experts.num_experts)
-        writer.add_expert_used_count(c.experts.experts_per_token)
-        if arch == "qwen3moe":
-            writer.add_expert_feed_forward_length(c.experts.moe_intermediate_size)
-            writer.add_expert_weights_norm(c.experts.norm_topk_prob)
-    for key, value in (extra or {}).items():
-        writer.add_string(key, value) if isinstance(value, str) else writer.add_uint32(key, value)
-    if more is not None:
-        more(writer)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], c.num_hidden_layers)
-    # gguf's qwen3moe map has no dense MLP (llama.cpp builds every qwen3moe layer sparse); a dense
-    # layer of a model with mlp_only_layers takes the names every other architecture gives it
-    dense_names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, c.num_hidden_layers)
-    for name, tensor in _experts_stacked(source):
-        suffixes = (".weight", ".bias")
-        gguf_name = names.get_name(name, try_suffixes=suffixes) or dense_names.get_name(name, try_suffixes=suffixes)
-        if gguf_name in skip:
-            continue
-        data, kwargs = _stored(_converted(arch, c, name, tensor), tensor_type)
-        writer.add_tensor(gguf_name, data, **kwargs)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
-_EXPERT = re.compile(r"(model\.layers\.\d+\.)(?:block_sparse_moe|mlp)\.experts\.(\d+)\.(\w+)\.weight")
-_STACKED_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}  # Mixtral's names of its projections
-
-
-def _experts_stacked(source):
-    """(name, tensor) of a checkpoint, each layer's per-expert projections stacked into one [X, ...] tensor
-    per projection under the names gguf's tensor map gives ffn_{gate,up,down}_exps, as the converter does."""
-    stacks: dict[str, dict[int, np.ndarray]] = {}
-    for name in source.tensor_names():
-        match = _EXPERT.fullmatch(name)
-        if match is None:
-            yield name, source.tensor(name)
-            continue
-        prefix, expert, projection = match.groups()
-        stacked_name = f"{prefix}mlp.experts.{_STACKED_NAMES.get(projection, projection)}.weight"
-        stacks.setdefault(stacked_name, {})[int(expert)] = source.tensor(name)
-    for name, experts in stacks.items():
-        yield name, np.stack([experts[e] for e in sorted(experts)])
-
-
-def _converted(arch: str, c: ModelConfig, name: str, weights: np.ndarray) -> np.ndarray:
-    """What convert_hf_to_gguf.py's modify_tensors does to a tensor before storing it."""
-    if arch in ("llama", "smollm3") and ".q_proj." in name:
-        return permute(weights, c.attention.num_heads)  # LlamaModel.permute(data, n_head, n_head)
-    if arch in ("llama", "smollm3") and ".k_proj." in name:
-        return permute(weights, c.attention.num_kv_heads)  # LlamaModel.permute(data, n_head, n_kv_head)
-    if arch in ("gemma3", "gemma2") and name.endswith("norm.weight"):
-        return weights + np.float32(1.0)  # Gemma3Model, Gemma2Model: data_torch + 1
-    return weights
-
-
-def _stored(weights: np.ndarray, tensor_type: str) -> tuple[np.ndarray, dict]:
-    """The array and add_tensor arguments that store ``weights`` as ``tensor_type`` (1-D tensors stay F32)."""
-    weights = np.ascontiguousarray(weights, dtype=np.float32)
-    if weights.ndim == 1 or tensor_type == "F32":
-        return (weights, {})
-    if tensor_type == "F16":
-        return (weights.astype(np.float16), {})
-    qtype = gguf.GGMLQuantizationType[tensor_type]
-    return (gguf.quants.quantize(weights, qtype), {"raw_dtype": qtype})
-
-
-def float32_eps(config: ModelConfig) -> ModelConfig:
-    """``config`` with its norms' epsilon rounded to float32, as a GGUF file stores it."""
-    return config.with_overrides(norms=replace(config.norms, eps=float(np.float32(config.norms.eps))))
-
-
-def greedy(model, ids: np.ndarray, new_tokens: int) -> list[int]:
-    cache = model.create_kv_cache(CacheConfig(kind="contiguous"))
-    logits = model.prefill(ids, cache, range(0, ids.shape[1]))
-    tokens = []
-    for _ in range(new_tokens):
-        tokens.append(int(np.argmax(logits[0])))
-        logits = model.decode(np.array([[tokens[-1]]]), cache)
-    return tokens
-
-
-def all_logits(model, ids: np.ndarray) -> np.ndarray:
-    cache = model.create_kv_cache(CacheConfig(kind="contiguous"))
-    return model.prefill_all_logits(ids, cache, range(0, ids.shape[1]))
 
 
 # ---- round trips through the converter ----------------------------------------------------------------
@@ -188,10 +58,10 @@ def all_logits(model, ids: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("case", list(EXACT_CASES))
 def test_converted_fixture_is_the_hugging_face_model(case, tmp_path):
     model = refllm.load_model(convert(case, tmp_path / f"{case}.gguf", EXACT_CASES[case]))
-    hf_model = refllm.load_model(DATA / case)
+    hf_model = refllm.load_model(HF_DATA / case)
     # GGUF stores the epsilon as a float32; the norm computes in float32 either way.
     assert model.config == float32_eps(hf_model.config)
-    reference = np.load(DATA / case / "reference.npz")
+    reference = np.load(HF_DATA / case / "reference.npz")
     ids = reference["input_ids"]
     np.testing.assert_array_equal(all_logits(model, ids), all_logits(hf_model, ids))
     if EXACT_CASES[case] == "F32":  # transformers' outputs were recorded from float32 weights
@@ -201,7 +71,7 @@ def test_converted_fixture_is_the_hugging_face_model(case, tmp_path):
 
 @pytest.mark.parametrize("case", list(EXACT_CASES) + GEMMA_CASES)
 def test_tensors_come_back_in_hugging_face_names_and_layout(case, tmp_path):
-    hf = HFDirectorySource(DATA / case)
+    hf = HFDirectorySource(HF_DATA / case)
     source = GGUFSource(convert(case, tmp_path / f"{case}.gguf", "F32"))
     assert sorted(source.tensor_names()) == sorted(hf.tensor_names())
     for name in hf.tensor_names():
@@ -212,7 +82,7 @@ def test_tensors_come_back_in_hugging_face_names_and_layout(case, tmp_path):
 @pytest.mark.parametrize("case", GEMMA_CASES)
 def test_gemma3_takes_the_hyper_parameters_its_gguf_omits_from_the_architecture(case, tmp_path):
     """Gemma 3 GGUFs carry no layer pattern, local RoPE base or query scale; llama.cpp's values apply."""
-    hf_config = HFDirectorySource(DATA / case).config
+    hf_config = HFDirectorySource(HF_DATA / case).config
     model = refllm.load_model(convert(case, tmp_path / f"{case}.gguf"))
     c = model.config
     assert c.layer_types == ("sliding_attention",) * 2  # every sixth layer is global; these two are not
@@ -227,12 +97,12 @@ def test_gemma3_takes_the_hyper_parameters_its_gguf_omits_from_the_architecture(
     assert c.tie_word_embeddings
     # Everything else is the fixture's model: the same forward pass as its Hugging Face
     # checkpoint run with the hyper-parameters the GGUF implies.
-    expected = DecoderModel.load(HFDirectorySource(DATA / case))
+    expected = DecoderModel.load(HFDirectorySource(HF_DATA / case))
     expected = DecoderModel(
         hf_config.with_overrides(layer_types=c.layer_types, rope=c.rope, attention=c.attention),
         expected.weights,
     )
-    ids = np.load(DATA / case / "reference.npz")["input_ids"]
+    ids = np.load(HF_DATA / case / "reference.npz")["input_ids"]
     np.testing.assert_allclose(all_logits(model, ids), all_logits(expected, ids), rtol=1e-5, atol=1e-5)
 
 
@@ -240,8 +110,9 @@ def test_gemma3_takes_the_hyper_parameters_its_gguf_omits_from_the_architecture(
 def test_quantized_tensors_load_as_their_dequantized_values(tensor_type, tmp_path):
     source = GGUFSource(convert("qwen3", tmp_path / "q.gguf", tensor_type))
     name = "model.layers.1.mlp.down_proj.weight"
-    raw = gguf.quants.quantize(HFDirectorySource(DATA / "qwen3").tensor(name), gguf.GGMLQuantizationType[tensor_type])
-    expected = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[tensor_type])
+    qtype = gguf.GGMLQuantizationType[tensor_type]
+    raw = gguf.quants.quantize(HFDirectorySource(HF_DATA / "qwen3").tensor(name), qtype)
+    expected = gguf.quants.dequantize(raw, qtype)
     np.testing.assert_array_equal(source.tensor(name), expected)
     assert source.tensor(name).dtype == np.float32
 
@@ -487,7 +358,7 @@ def _all_sparse_qwen3_moe(directory: Path) -> Path:
 @pytest.mark.parametrize("case", ["mixtral", "qwen3_moe"])
 def test_a_mixture_of_experts_gguf_is_the_safetensors_model(case, tmp_path):
     """Experts stacked as ffn_{gate,up,down}_exps, the router as ffn_gate_inp: the same weights as the safetensors'."""
-    directory = DATA / case if case == "mixtral" else _all_sparse_qwen3_moe(tmp_path / "hf")
+    directory = HF_DATA / case if case == "mixtral" else _all_sparse_qwen3_moe(tmp_path / "hf")
     path = convert(directory, tmp_path / f"{case}.gguf", "F32")
     names = {t.name for t in gguf.GGUFReader(path).tensors}
     assert {"blk.0.ffn_gate_inp.weight", "blk.0.ffn_gate_exps.weight", "blk.0.ffn_down_exps.weight"} <= names
@@ -518,6 +389,6 @@ def test_a_quantized_qwen3moe_gguf_keeps_its_router_in_blocks_and_dequantizes_it
 def test_a_qwen3moe_gguf_names_its_dense_layers_by_their_missing_router(tmp_path):
     model = refllm.load_model(convert("qwen3_moe", tmp_path / "q.gguf", "F32"))
     assert [model.config.is_sparse(i) for i in range(3)] == [True, False, True]
-    reference = np.load(DATA / "qwen3_moe" / "reference.npz")
+    reference = np.load(HF_DATA / "qwen3_moe" / "reference.npz")
     np.testing.assert_allclose(all_logits(model, reference["input_ids"]), reference["logits"], ATOL, RTOL)
     assert greedy(model, reference["input_ids"], NEW_TOKENS) == reference["greedy"].tolist()

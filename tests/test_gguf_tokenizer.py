@@ -21,14 +21,15 @@ from refllm.io.gguf_tokenizer import (
     read_tokenizer_metadata,
     tokenizer_from_gguf,
 )
+from tests.helpers.paths import TOKENIZER_SUITE
 
-SUITE = Path(__file__).parents[2] / "shared" / "tokenizer-suite"
 SEPARATOR = "\n__ggml_vocab_test__\n"
-NO_SUITE = pytest.mark.skip(reason=f"no tokenizer suite at {SUITE}")
+NO_SUITE = pytest.mark.skip(reason=f"no tokenizer suite at {TOKENIZER_SUITE}")
 
 
 def _vocabularies() -> list[str]:
-    names = (path.name.removeprefix("ggml-vocab-").removesuffix(".gguf") for path in SUITE.glob("ggml-vocab-*.gguf"))
+    files = TOKENIZER_SUITE.glob("ggml-vocab-*.gguf")
+    names = (path.name.removeprefix("ggml-vocab-").removesuffix(".gguf") for path in files)
     return sorted(names)
 
 
@@ -39,7 +40,7 @@ def _cases() -> list:
 
 
 def _path(name: str) -> Path:
-    return SUITE / f"ggml-vocab-{name}.gguf"
+    return TOKENIZER_SUITE / f"ggml-vocab-{name}.gguf"
 
 
 @functools.cache

@@ -13,12 +13,7 @@ from refllm import cli
 from refllm.commands import common
 from refllm.errors import InvalidInputError
 from refllm.server import BackgroundServer, create_app
-from tests.test_cli import refllm_process, run, write_tiny_model
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> str:
-    return str(write_tiny_model(tmp_path_factory.mktemp("habits") / "tiny"))
+from tests.helpers.command_line import refllm_process, run
 
 
 def one_usage_line(err: str, command: str) -> str:

@@ -13,47 +13,32 @@ import numpy as np
 import pytest
 
 import refllm
-from refllm import CacheConfig, InMemorySource, DecoderModel, ModelConfig
-from tests.hf_fixtures import CASES, DATA, LEGACY_CONFIGS, NEW_TOKENS, build_hf_model, hf_reference, prompt_ids
+from refllm import DecoderModel, InMemorySource, ModelConfig
+from tests.helpers.hf_fixtures import CASES, LEGACY_CONFIGS, NEW_TOKENS, build_hf_model, hf_reference, prompt_ids
+from tests.helpers.parity import ATOL, RTOL, all_logits, greedy
+from tests.helpers.paths import HF_DATA
 
-ATOL = RTOL = 1e-4
 CACHE_KINDS = ["contiguous", "paged"]
-
-
-def greedy(model, ids: np.ndarray, new_tokens: int, cache_kind: str) -> list[int]:
-    cache = model.create_kv_cache(CacheConfig(kind=cache_kind))
-    logits = model.prefill(ids, cache, range(0, ids.shape[1]))
-    tokens = []
-    for _ in range(new_tokens):
-        token = int(np.argmax(logits[0]))
-        tokens.append(token)
-        logits = model.decode(np.array([[token]]), cache)
-    return tokens
-
-
-def all_logits(model, ids: np.ndarray, cache_kind: str = "contiguous") -> np.ndarray:
-    cache = model.create_kv_cache(CacheConfig(kind=cache_kind))
-    return model.prefill_all_logits(ids, cache, range(0, ids.shape[1]))
 
 
 @pytest.mark.parametrize("cache_kind", CACHE_KINDS)
 @pytest.mark.parametrize("name", list(CASES))
 def test_stored_fixture_logits_and_greedy(name, cache_kind):
-    reference = np.load(DATA / name / "reference.npz")
-    model = refllm.load_model(DATA / name)
+    reference = np.load(HF_DATA / name / "reference.npz")
+    model = refllm.load_model(HF_DATA / name)
     np.testing.assert_allclose(all_logits(model, reference["input_ids"], cache_kind), reference["logits"], ATOL, RTOL)
     assert greedy(model, reference["input_ids"], NEW_TOKENS, cache_kind) == reference["greedy"].tolist()
 
 
 @pytest.mark.parametrize("name", list(LEGACY_CONFIGS))
 def test_legacy_config_spelling_gives_the_same_model(name, tmp_path):
-    for file in (DATA / name).iterdir():
+    for file in (HF_DATA / name).iterdir():
         shutil.copy(file, tmp_path / file.name)
-    shutil.copy(DATA / name / "config.legacy.json", tmp_path / "config.json")
+    shutil.copy(HF_DATA / name / "config.legacy.json", tmp_path / "config.json")
     legacy = refllm.load_model(tmp_path)
-    current = refllm.load_model(DATA / name)
+    current = refllm.load_model(HF_DATA / name)
     assert legacy.config == current.config
-    reference = np.load(DATA / name / "reference.npz")
+    reference = np.load(HF_DATA / name / "reference.npz")
     np.testing.assert_allclose(all_logits(legacy, reference["input_ids"]), reference["logits"], ATOL, RTOL)
 
 
@@ -76,6 +61,6 @@ def test_live_transformers_parity(name):
 
 def test_fixture_prompt_is_longer_than_every_window():
     for name in CASES:
-        config = refllm.load_model(DATA / name).config
+        config = refllm.load_model(HF_DATA / name).config
         if config.sliding_window is not None:
             assert prompt_ids().shape[1] > config.sliding_window

@@ -18,8 +18,8 @@ import pytest
 
 import refllm
 from refllm.config import ConfigError, ModelConfig
-from tests.fuzz_loaders import Stats, capped, with_json_field
-from tests.hf_fixtures import DATA
+from tests.helpers.fuzz_loaders import Stats, capped, with_json_field
+from tests.helpers.paths import HF_DATA
 
 MEMORY_CAP = 200 << 20
 TIME_CAP = 2.0
@@ -79,7 +79,7 @@ CASES = [
 
 def hostile_copy(tmp_path, family: str, keys: tuple, value: object):
     directory = tmp_path / family
-    shutil.copytree(DATA / family, directory)
+    shutil.copytree(HF_DATA / family, directory)
     if keys == ("num_experts",):  # the fixture spells it num_local_experts, which wins when both are given
         document = json.loads((directory / "config.json").read_text())
         document.pop("num_local_experts")
@@ -97,7 +97,7 @@ def load_within_caps(path) -> Stats:
 
 @pytest.mark.parametrize("family", sorted({case[0] for case in CASES}))
 def test_each_family_checkpoint_loads_within_the_caps(family):
-    assert load_within_caps(DATA / family).worst_peak_bytes < MEMORY_CAP
+    assert load_within_caps(HF_DATA / family).worst_peak_bytes < MEMORY_CAP
 
 
 @pytest.mark.parametrize(("family", "keys", "value", "named"), CASES, ids=lambda x: str(x)[:40])
@@ -124,7 +124,7 @@ def test_an_expert_count_past_the_tensors_is_refused_before_anything_per_expert(
 
 def test_a_zero_is_a_value_not_a_missing_key():
     """``x or default`` read 0 as absent; absent or null still takes the default."""
-    config = json.loads((DATA / "gpt_oss" / "config.json").read_text())
+    config = json.loads((HF_DATA / "gpt_oss" / "config.json").read_text())
     rope = config["rope_parameters"]
     for key in ("beta_slow", "factor"):
         with pytest.raises(ConfigError, match=f"{key} must be a finite number"):

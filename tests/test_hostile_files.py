@@ -17,7 +17,7 @@ from refllm.cli import main
 from refllm.config import ConfigError, ModelConfig
 from refllm.io.gguf import GGUFFileError
 from refllm.io.safetensors import CheckpointError
-from tests.fuzz_loaders import Seeds, Stats, capped, gguf_with, make_seeds, safetensors_with, with_json_field
+from tests.helpers.fuzz_loaders import Seeds, Stats, capped, gguf_with, make_seeds, safetensors_with, with_json_field
 
 U32, U64, STRING, ARRAY = 4, 10, 8, 9  # GGUF value types
 

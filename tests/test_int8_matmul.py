@@ -17,8 +17,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import gguf
 import llvmlite.binding as llvm
 import numpy as np
@@ -27,17 +25,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numba import njit
 
+import refllm
 from refllm.kernels import int8_intrinsics as isa
 from refllm.kernels.int8_matmul import INT8_FORMATS, INT8_TOKENS, int8_matmul, int8_matmul_serial, quantize_activations
 from refllm.kernels.intrinsics import sum16
 from refllm.kernels.quant_formats import FORMAT_CODES
-import refllm
 from refllm.models.decoder import ModelDtypeError
 from refllm.models.weights import weight_leaves
 from refllm.quant.formats import dequantize
 from refllm.quant.linear import QuantizedTensor, UnsupportedActivationsError
+from tests.helpers.paths import HF_DATA
 
-HF = Path(__file__).parent / "data" / "hf"
 UNIT_ROUNDOFF = 2.0**-24
 INT8 = sorted(INT8_FORMATS)
 
@@ -192,11 +190,11 @@ def test_prompt_sized_products_keep_float32_activations():
 
 
 def test_the_option_reaches_every_quantized_matrix_of_the_layers_and_the_lm_head_keeps_float32():
-    model = refllm.load_model(HF / "llama", quantize="q4_0", activations="int8")
+    model = refllm.load_model(HF_DATA / "llama", quantize="q4_0", activations="int8")
     quantized = [leaf for leaf in weight_leaves(model.weights.layers) if isinstance(leaf, QuantizedTensor)]
     assert quantized and all(leaf.activations == "int8" for leaf in quantized)
     assert model.weights.lm_head.activations == "float32"
-    default = refllm.load_model(HF / "llama", quantize="q4_0")
+    default = refllm.load_model(HF_DATA / "llama", quantize="q4_0")
     ids = np.array([[3, 17, 99, 5]])
     int8_logits = model.prefill(ids, model.create_kv_cache(), range(4))
     assert not np.array_equal(int8_logits, default.prefill(ids, default.create_kv_cache(), range(4)))
@@ -213,7 +211,7 @@ def test_formats_without_an_int8_product_keep_float32_activations():
 )
 def test_settings_that_cannot_run_are_refused_before_loading(keywords):
     with pytest.raises(ModelDtypeError, match="activations"):
-        refllm.load_model(HF / "no such model", **keywords)
+        refllm.load_model(HF_DATA / "no such model", **keywords)
 
 
 def test_a_quantized_tensor_refuses_unknown_activations():

@@ -20,16 +20,8 @@ from refllm.errors import (
 from refllm.kv import OutOfBlocksError
 from refllm.models.decoder import DecoderModel
 from refllm.runtime.llm import LLM
-from tests.state import assert_same_state, snapshot
-from tests.test_model_properties import model_for
-
-CLOSE = dict(rtol=1e-5, atol=1e-5)
-
-
-def fresh_logits(model, tokens: list[int]) -> np.ndarray:
-    """Logits after the last of ``tokens``, from one uncached spec run: the oracle."""
-    cache = model.create_kv_cache(CacheConfig(kind="contiguous"))
-    return model.prefill(np.array([tokens]), cache, range(len(tokens)))[0]
+from tests.helpers.random_models import CLOSE, fresh_logits, model_for
+from tests.helpers.state import assert_same_state, snapshot
 
 
 def make_llm(arch: str = "llama", **cache) -> LLM:

@@ -20,9 +20,9 @@ from refllm.errors import (
     TokenOutOfRangeError,
     WeightError,
 )
-from tests.hf_fixtures import DATA
-from tests.state import assert_same_state, snapshot
-from tests.test_model_properties import model_for
+from tests.helpers.paths import HF_DATA
+from tests.helpers.random_models import model_for
+from tests.helpers.state import assert_same_state, snapshot
 
 CACHE_KINDS = ["contiguous", "paged"]
 
@@ -104,7 +104,7 @@ def test_missing_config_key_is_named():
 
 
 def _copy_fixture(tmp_path, name="llama"):
-    for file in (DATA / name).iterdir():
+    for file in (HF_DATA / name).iterdir():
         shutil.copy(file, tmp_path / file.name)
     return tmp_path
 
@@ -148,17 +148,17 @@ def test_sharded_checkpoint_loads_like_one_file(tmp_path):
         weight_map |= {n: file for n in shard_names}
     (directory / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     sharded = refllm.load_model(directory)
-    reference = np.load(DATA / "llama" / "reference.npz")
+    reference = np.load(HF_DATA / "llama" / "reference.npz")
     cache = sharded.create_kv_cache(CacheConfig(kind="contiguous"))
     logits = sharded.prefill_all_logits(reference["input_ids"], cache, range(reference["input_ids"].shape[1]))
     np.testing.assert_allclose(logits, reference["logits"], rtol=1e-4, atol=1e-4)
 
 
 def test_directory_without_tokenizer_loads_with_none():
-    assert refllm.load_model(DATA / "llama").tokenizer is None
+    assert refllm.load_model(HF_DATA / "llama").tokenizer is None
 
 
 def test_float32_weights_are_memory_mapped_not_copied():
-    model = refllm.load_model(DATA / "llama")
+    model = refllm.load_model(HF_DATA / "llama")
     weight = model.weights.layers[0].attention.q_proj
     assert not weight.flags.owndata and not weight.flags.writeable

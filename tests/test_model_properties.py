@@ -7,28 +7,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from refllm import CacheConfig
-from refllm.config import ModelConfig
 from refllm.models.random import random_model
-from refllm.testing.configs import tiny_config_json
+from tests.helpers.random_models import model_for, tiny_config
 
 TIGHT = dict(rtol=1e-5, atol=2e-5)  # same arithmetic, different summation order
-
-
-def tiny_config(model_type: str, sliding_window: int | None = None) -> ModelConfig:
-    return ModelConfig.from_hf(tiny_config_json(model_type, sliding_window or 5))
 
 
 ARCHITECTURES = [
     "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text", "gemma2", "smollm3", "olmo2",
     "mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3",
 ]  # fmt: skip
-_MODELS = {}
-
-
-def model_for(arch: str):
-    if arch not in _MODELS:
-        _MODELS[arch] = random_model(tiny_config(arch), seed=7)
-    return _MODELS[arch]
 
 
 def splits(total: int):

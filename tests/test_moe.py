@@ -14,12 +14,11 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 import refllm
-from refllm import CacheConfig, InMemorySource, DecoderModel, ModelConfig
+from refllm import CacheConfig, DecoderModel, InMemorySource, ModelConfig
 from refllm.errors import ConfigError
 from refllm.io.safetensors import HFDirectorySource
 from refllm.memory import weight_bytes
 from refllm.models.blocks import SparseMLP
-from refllm.models.ops import fast_ops
 from refllm.models.random import random_tensors
 from refllm.nn.attention import attention, softmax, softmax_with_sink
 from refllm.nn.mlp import MLPWeights, clamped_swiglu, gated_mlp
@@ -32,9 +31,10 @@ from refllm.nn.moe import (
 from refllm.runtime.llm import LLM
 from refllm.testing.strategies import hf_configs
 from refllm.testing.truth import relative_error
-from tests.hf_fixtures import DATA, NEW_TOKENS
-from tests.test_hf_parity import ATOL, RTOL, all_logits, greedy
-from tests.test_op_sets import ROUNDING_MULTIPLE, ULP_FLOOR
+from tests.helpers.hf_fixtures import NEW_TOKENS
+from tests.helpers.op_sets import ROUNDING_MULTIPLE, ULP_FLOOR, weights_read_by_a_decode_step
+from tests.helpers.parity import ATOL, RTOL, all_logits, greedy
+from tests.helpers.paths import HF_DATA
 
 MOE_CASES = ["mixtral", "qwen3_moe", "gpt_oss"]
 CLOSE = dict(rtol=1e-5, atol=1e-5)  # the same arithmetic on other row groupings: float32 rounding
@@ -124,7 +124,7 @@ def test_a_sink_of_minus_infinity_is_no_sink():
 
 
 def _config_json(name: str) -> dict:
-    return json.loads((DATA / name / "config.json").read_text())
+    return json.loads((HF_DATA / name / "config.json").read_text())
 
 
 def test_both_spellings_of_the_expert_count_give_the_same_config():
@@ -158,9 +158,9 @@ def test_a_bad_moe_key_is_refused_by_name(change, named):
 
 def test_parameter_counts_count_every_expert_and_the_active_ones():
     config = ModelConfig.from_hf(_config_json("mixtral"))
-    weights = refllm.load_model(DATA / "mixtral").weights
+    weights = refllm.load_model(HF_DATA / "mixtral").weights
     assert weights.nbytes() == 4 * config.num_parameters  # float32: every expert is held
-    assert weight_bytes(HFDirectorySource(DATA / "mixtral"), quantized=False) == weights.nbytes()  # the estimate
+    assert weight_bytes(HFDirectorySource(HF_DATA / "mixtral"), quantized=False) == weights.nbytes()  # the estimate
     D, M, X, k, L = config.hidden_size, config.experts.moe_intermediate_size, 4, 2, config.num_hidden_layers
     assert config.num_parameters - config.active_parameters == L * (X - k) * 3 * D * M
     dense = ModelConfig.from_hf(_config_json("llama"))
@@ -192,11 +192,11 @@ def _fused(tensors: dict, config: ModelConfig) -> dict:
 
 @pytest.mark.parametrize("name", ["mixtral", "qwen3_moe"])
 def test_per_expert_and_fused_layouts_load_the_same_model(name):
-    source = HFDirectorySource(DATA / name)
+    source = HFDirectorySource(HF_DATA / name)
     tensors = {n: source.tensor(n) for n in source.tensor_names()}
     assert any(".experts.0." in n for n in tensors)  # the Hub's layout, as save_pretrained wrote it
     fused = DecoderModel.load(InMemorySource(source.config, _fused(tensors, source.config)))
-    reference = np.load(DATA / name / "reference.npz")
+    reference = np.load(HF_DATA / name / "reference.npz")
     np.testing.assert_allclose(all_logits(fused, reference["input_ids"]), reference["logits"], ATOL, RTOL)
 
 
@@ -206,7 +206,7 @@ def test_per_expert_and_fused_layouts_load_the_same_model(name):
 @pytest.mark.parametrize("kind", ["contiguous", "paged"])
 @pytest.mark.parametrize("name", MOE_CASES)
 def test_batched_prefill_equals_single_runs(name, kind):
-    model = refllm.load_model(DATA / name)
+    model = refllm.load_model(HF_DATA / name)
     ids = np.random.default_rng(3).integers(0, 128, size=(3, 13))
     batched = all_logits(model, ids, kind)
     for row in range(3):
@@ -215,8 +215,8 @@ def test_batched_prefill_equals_single_runs(name, kind):
 
 @pytest.mark.parametrize("name", MOE_CASES)
 def test_llm_decode_batch_and_greedy_match_single_runs_and_transformers(name):
-    model = refllm.load_model(DATA / name)
-    reference = np.load(DATA / name / "reference.npz")
+    model = refllm.load_model(HF_DATA / name)
+    reference = np.load(HF_DATA / name / "reference.npz")
     llm = LLM(model, CacheConfig(block_size=4))
     prompts = {"a": [5, 9, 33, 2, 77, 14, 8, 100, 3, 60], "b": [11, 12], "c": list(range(20, 39))}
     for cache_id, prompt in prompts.items():
@@ -240,14 +240,14 @@ def test_llm_decode_batch_and_greedy_match_single_runs_and_transformers(name):
 
 
 def _moe_changed(name: str, **changes) -> DecoderModel:
-    source = HFDirectorySource(DATA / name)
+    source = HFDirectorySource(HF_DATA / name)
     config = source.config.with_overrides(experts=replace(source.config.experts, **changes))
     tensors = {n: source.tensor(n) for n in source.tensor_names()}
     return DecoderModel.load(InMemorySource(config, tensors))
 
 
 def _without_sinks(name: str) -> DecoderModel:
-    model = refllm.load_model(DATA / name)
+    model = refllm.load_model(HF_DATA / name)
     layers = [replace(layer, attention=replace(layer.attention, sinks=None)) for layer in model.weights.layers]
     return DecoderModel(model.config, replace(model.weights, layers=layers))
 
@@ -267,14 +267,14 @@ MECHANISMS = {
 @pytest.mark.parametrize("mechanism", list(MECHANISMS))
 def test_each_mechanism_changes_the_logits(mechanism):
     name = mechanism.split(":")[0]
-    reference = np.load(DATA / name / "reference.npz")
+    reference = np.load(HF_DATA / name / "reference.npz")
     changed = all_logits(MECHANISMS[mechanism](), reference["input_ids"])
     assert np.abs(changed - reference["logits"]).max() > 100 * (ATOL + RTOL * np.abs(reference["logits"]).max())
 
 
 def test_gpt_oss_router_bias_changes_the_logits():
-    reference = np.load(DATA / "gpt_oss" / "reference.npz")
-    model = refllm.load_model(DATA / "gpt_oss")
+    reference = np.load(HF_DATA / "gpt_oss" / "reference.npz")
+    model = refllm.load_model(HF_DATA / "gpt_oss")
     layers = [replace(layer, mlp=replace(layer.mlp, router_bias=None)) for layer in model.weights.layers]
     model = DecoderModel(model.config, replace(model.weights, layers=layers))
     changed = all_logits(model, reference["input_ids"])
@@ -283,9 +283,9 @@ def test_gpt_oss_router_bias_changes_the_logits():
 
 @pytest.mark.parametrize("kind", ["contiguous", "paged"])
 def test_sink_layers_run_on_both_caches_and_both_op_sets(kind):
-    reference = np.load(DATA / "gpt_oss" / "reference.npz")
+    reference = np.load(HF_DATA / "gpt_oss" / "reference.npz")
     for spec in (True, False):
-        model = refllm.load_model(DATA / "gpt_oss", reference=spec)
+        model = refllm.load_model(HF_DATA / "gpt_oss", reference=spec)
         np.testing.assert_allclose(all_logits(model, reference["input_ids"], kind), reference["logits"], ATOL, RTOL)
         assert greedy(model, reference["input_ids"], 8, kind) == reference["greedy"][:8].tolist()
 
@@ -317,27 +317,8 @@ def test_fast_ops_run_the_experts_as_the_spec_does(config_json, seed, kind):
     assert relative_error(fast, spec) <= ROUNDING_MULTIPLE * max(relative_error(spec, truth), ULP_FLOOR)
 
 
-def weights_read_by_a_decode_step(path) -> tuple[DecoderModel, set[int]]:
-    """The model at ``path``, and the ids of every weight its op set's linear reads in one decode step after a
-    four-token prompt."""
-    read, recording = set(), []
-    linear = fast_ops().linear
-
-    def recording_linear(x, weight, bias=None):
-        if recording:
-            read.add(id(weight))
-        return linear(x, weight, bias)
-
-    model = DecoderModel.load(HFDirectorySource(path), ops=replace(fast_ops(), linear=recording_linear))
-    cache = model.create_kv_cache()
-    model.prefill(np.array([[5, 9, 33, 2]]), cache, range(4))
-    recording.append(True)
-    model.decode(np.array([[7]]), cache)
-    return model, read
-
-
 def test_a_decode_step_reads_only_the_chosen_experts():
-    model, read = weights_read_by_a_decode_step(DATA / "mixtral")
+    model, read = weights_read_by_a_decode_step(HF_DATA / "mixtral")
     for layer in model.weights.layers:
         experts = layer.mlp.experts
         touched = [e for e, expert in enumerate(experts) if id(expert.gate_proj) in read]
@@ -349,8 +330,8 @@ def test_a_decode_step_reads_only_the_chosen_experts():
 def test_no_fixture_token_is_routed_by_float_rounding(name):
     """Between every token's k-th and (k+1)-th router logit (prompt and greedy continuation) lies a gap
     thousands of times float32's rounding of them: transformers and refllm pick the same experts."""
-    reference = np.load(DATA / name / "reference.npz")
-    model = refllm.load_model(DATA / name, reference=True)
+    reference = np.load(HF_DATA / name / "reference.npz")
+    model = refllm.load_model(HF_DATA / name, reference=True)
     gaps = []
 
     k = model.config.experts.experts_per_token

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,25 +22,18 @@ from hypothesis import strategies as st
 
 import refllm
 from refllm.config import ModelConfig
-from refllm.kv import CacheConfig
 from refllm.models.contract import InMemorySource
 from refllm.models.decoder import DecoderModel, ModelDtypeError
 from refllm.models.random import random_tensors
 from refllm.testing.truth import relative_error
+from tests.helpers.op_sets import ROUNDING_MULTIPLE, ULP_FLOOR, logits_over, random_weights_model
+from tests.helpers.paths import HF_DATA, ROOT
 
-HF = Path(__file__).parent / "data" / "hf"
-ARCHITECTURES = sorted(p.name for p in HF.iterdir() if (p / "config.json").exists())
-# How many times the float32 spec's own error against truth two float32 evaluations of the same
-# operations may differ by: each is within the spec's error of truth (x2), and the kernels' sums
-# in other orders carry up to twice the rounding of NumPy's pairwise ones (x2). An error in the
-# math (a bias dropped, a wrong rotation) is orders of magnitude past it.
-ROUNDING_MULTIPLE = 4.0
-# A floor for cases whose float32 spec happens to match truth almost exactly: 16 float32 ulps.
-ULP_FLOOR = 16 * 2.0**-24
+ARCHITECTURES = sorted(p.name for p in HF_DATA.iterdir() if (p / "config.json").exists())
 
 
 def run_fresh(code: str) -> str:
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=HF.parents[2])
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -58,25 +50,12 @@ def test_a_spec_forward_calls_no_compiled_function():
     """A spec-ops forward on the contiguous cache never imports Numba: no compiled function can run."""
     out = run_fresh(
         "import sys, numpy as np, refllm; from refllm.kv import CacheConfig;"
-        f" m = refllm.load_model({str(HF / 'gemma3_text')!r}, reference=True);"
+        f" m = refllm.load_model({str(HF_DATA / 'gemma3_text')!r}, reference=True);"
         " c = m.create_kv_cache(CacheConfig(kind='contiguous'));"
         " m.prefill(np.array([[1, 2, 3]]), c, range(3)); m.decode(np.array([[4]]), c);"
         " print(m.ops.name, 'numba' in sys.modules)"
     )
     assert out.split() == ["spec", "False"]
-
-
-def model(name: str, dtype: str = "float32", reference: bool | None = None, seed: int = 0) -> DecoderModel:
-    config = ModelConfig.from_hf(json.loads((HF / name / "config.json").read_text()))
-    return DecoderModel.load(InMemorySource(config, random_tensors(config, seed)), dtype, reference)
-
-
-def logits_over(m: DecoderModel, kind: str, tokens: list[int], prompt: int) -> np.ndarray:
-    """Prefill ``prompt`` tokens (all logits), then decode the rest one at a time -> [T, V]."""
-    cache = m.create_kv_cache(CacheConfig(kind=kind, block_size=4))
-    rows = list(m.prefill_all_logits(np.array([tokens[:prompt]]), cache, range(prompt))[0])
-    rows += [m.decode(np.array([[t]]), cache)[0] for t in tokens[prompt:]]
-    return np.stack(rows)
 
 
 @settings(max_examples=12, deadline=None)
@@ -89,9 +68,9 @@ def logits_over(m: DecoderModel, kind: str, tokens: list[int], prompt: int) -> n
 )
 def test_spec_and_fast_ops_agree_within_float32_rounding(name, kind, seed, tokens, data):
     prompt = data.draw(st.integers(1, len(tokens)), label="prompt")
-    truth = logits_over(model(name, "float64", seed=seed), "contiguous", tokens, prompt)
-    spec = logits_over(model(name, reference=True, seed=seed), kind, tokens, prompt)
-    fast = logits_over(model(name, reference=False, seed=seed), kind, tokens, prompt)
+    truth = logits_over(random_weights_model(name, "float64", seed=seed), "contiguous", tokens, prompt)
+    spec = logits_over(random_weights_model(name, reference=True, seed=seed), kind, tokens, prompt)
+    fast = logits_over(random_weights_model(name, reference=False, seed=seed), kind, tokens, prompt)
     bound = ROUNDING_MULTIPLE * max(relative_error(spec, truth), ULP_FLOOR)
     assert relative_error(fast, spec) <= bound
 
@@ -99,9 +78,9 @@ def test_spec_and_fast_ops_agree_within_float32_rounding(name, kind, seed, token
 def test_the_rounding_bound_catches_a_dropped_bias():
     """The bound is tight enough to see a real bug: the fast path without q/k/v biases."""
     tokens = [3, 17, 99, 5, 64, 2, 8]
-    truth = logits_over(model("qwen2", "float64"), "contiguous", tokens, 4)
-    spec = logits_over(model("qwen2", reference=True), "contiguous", tokens, 4)
-    broken = model("qwen2", reference=False)
+    truth = logits_over(random_weights_model("qwen2", "float64"), "contiguous", tokens, 4)
+    spec = logits_over(random_weights_model("qwen2", reference=True), "contiguous", tokens, 4)
+    broken = random_weights_model("qwen2", reference=False)
     for layer in broken.weights.layers:
         layer.attention.q_proj_bias = layer.attention.k_proj_bias = layer.attention.v_proj_bias = None
     broken = broken.with_ops(broken.ops)  # the blocks built again over the changed weights (the fused layers' too)
@@ -110,7 +89,7 @@ def test_the_rounding_bound_catches_a_dropped_bias():
 
 
 def test_float64_runs_every_step_in_float64():
-    m = model("gemma3_text", "float64")
+    m = random_weights_model("gemma3_text", "float64")
     assert m.ops.name == "spec" and m.metadata.dtype == "float64"
     assert m.embed(np.array([[1, 2]])).dtype == np.float64
     cache = m.create_kv_cache()
@@ -120,7 +99,7 @@ def test_float64_runs_every_step_in_float64():
 
 
 def test_float64_runs_under_the_runtime():
-    llm = refllm.LLM(model("llama", "float64"))
+    llm = refllm.LLM(random_weights_model("llama", "float64"))
     first = llm.prefill(0, [1, 2, 3])
     assert first.dtype == np.float64
     assert llm.decode(0, int(np.argmax(first)), 3).dtype == np.float64
@@ -137,22 +116,21 @@ def test_float64_runs_under_the_runtime():
 )
 def test_combinations_that_cannot_run_are_refused_before_loading(keywords):
     with pytest.raises(ModelDtypeError):
-        refllm.load_model(HF / "llama", **keywords)
+        refllm.load_model(HF_DATA / "llama", **keywords)
 
 
 def test_a_float64_model_refuses_float32_weights():
-    config = ModelConfig.from_hf(json.loads((HF / "llama" / "config.json").read_text()))
+    config = ModelConfig.from_hf(json.loads((HF_DATA / "llama" / "config.json").read_text()))
     weights = DecoderModel.load(InMemorySource(config, random_tensors(config))).weights
     with pytest.raises(ModelDtypeError, match="float64 weights"):
         DecoderModel(config, weights, dtype="float64")
-
 
 
 @pytest.mark.parametrize("name", ARCHITECTURES)
 def test_spec_and_fast_ops_agree_on_every_architecture(name):
     """Each claimed architecture at least once (the draws above sample a few): the mixtures of experts too."""
     tokens = [3, 17, 99, 5, 64, 2, 8, 120, 41]
-    truth = logits_over(model(name, "float64"), "contiguous", tokens, 5)
-    spec = logits_over(model(name, reference=True), "contiguous", tokens, 5)
-    fast = logits_over(model(name, reference=False), "paged", tokens, 5)
+    truth = logits_over(random_weights_model(name, "float64"), "contiguous", tokens, 5)
+    spec = logits_over(random_weights_model(name, reference=True), "contiguous", tokens, 5)
+    fast = logits_over(random_weights_model(name, reference=False), "paged", tokens, 5)
     assert relative_error(fast, spec) <= ROUNDING_MULTIPLE * max(relative_error(spec, truth), ULP_FLOOR)

@@ -13,9 +13,9 @@ from safetensors.numpy import load_file, save_file
 
 from refllm.commands.golden import add_cli
 from refllm.testing.golden import FORMAT, GoldenFormatError, GoldenModelMismatchError, read_prompts
-from tests.hf_fixtures import DATA
+from tests.helpers.paths import HF_DATA
 
-MODEL = DATA / "gemma3_text"  # sliding and global layers, q/k norm, (1 + w) norms, tied embeddings
+MODEL = HF_DATA / "gemma3_text"  # sliding and global layers, q/k norm, (1 + w) norms, tied embeddings
 
 
 def refllm_cli(argv: list[str]) -> int:

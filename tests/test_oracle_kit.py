@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -36,9 +35,9 @@ from refllm.testing.factories import BackendSpecError
 from refllm.testing.repro import main as repro_main
 from refllm.testing.strategies import MAX_TOTAL_TOKENS, checkpoints, chunk_splits, hf_configs, schedules
 from refllm.testing.tolerances import UnknownProfileError
-from tests import mutants
+from tests.helpers import mutants
+from tests.helpers.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 FAST = dict(seed=0, threads=1)  # tiny models: one thread is faster than waking a pool
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from refllm.testing import first_failure
-from tests.mutants import EXPECTED_PROPERTY, MUTANTS
+from tests.helpers.mutants import EXPECTED_PROPERTY, MUTANTS
 
 MAX_CASES_PER_PROPERTY = 60  # thirteen architectures to draw from: dynamic NTK's mutant took 41 to 60
 

@@ -9,7 +9,7 @@ from refllm.testing import Checkpoint, ConformanceFailure, check_errors, get_pro
 from refllm.testing.backends import Backend
 from refllm.testing.configs import tiny_config_json
 from refllm.testing.explain import first_divergent_layer
-from tests import mutants
+from tests.helpers import mutants
 
 
 def test_a_wrongly_accepted_decode_is_reported_as_that_decode_not_as_the_adapters_bookkeeping():

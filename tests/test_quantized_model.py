@@ -20,7 +20,6 @@ Tolerances, measured and then given a margin:
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import warnings
 
@@ -35,10 +34,9 @@ from refllm.models.weights import ModelWeights, assemble, weight_bytes_by_format
 from refllm.quant.formats import UnsupportedFormatError
 from refllm.quant.linear import QuantizedTensor, RequantizedSource
 from refllm.testing.greedy import compare_greedy_outputs, top_candidates
-from tests.hf_fixtures import DATA as HF_DATA
-from tests.make_gguf_goldens import DATA as GOLDEN_DATA
-from tests.real_models import GEMMA3, SMOLLM2, real_model_or_skip
-from tests.test_gguf_source import convert
+from tests.helpers.gguf_convert import convert
+from tests.helpers.paths import GGUF_GOLDENS, HF_DATA
+from tests.helpers.real_models import GEMMA3, SMOLLM2, real_model_or_skip
 
 ATOL = RTOL = 1e-5
 NEW_TOKENS = 8
@@ -146,7 +144,7 @@ def test_an_unknown_quantize_format_is_refused_before_loading():
 
 # ---- the real published files ---------------------------------------------------------------------------
 
-GOLDENS = {name: json.loads((GOLDEN_DATA / f"{name}.json").read_text()) for name in (SMOLLM2, GEMMA3)}
+GOLDENS = {name: json.loads((GGUF_GOLDENS / f"{name}.json").read_text()) for name in (SMOLLM2, GEMMA3)}
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,8 @@ import pytest
 import refllm
 from refllm import CacheConfig
 from refllm.testing.greedy import compare_greedy_outputs, top_candidates
-from tests.make_gguf_goldens import CHAT_MESSAGES, DATA
-from tests.real_models import GEMMA3, SMOLLM2, real_model_or_skip
+from tests.helpers.paths import GGUF_GOLDENS
+from tests.helpers.real_models import CHAT_MESSAGES, GEMMA3, SMOLLM2, real_model_or_skip
 
 pytestmark = [pytest.mark.real_model, pytest.mark.slow]
 
@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.real_model, pytest.mark.slow]
 FIRST_STEP_ATOL = 2e-4
 TOP_N = 2  # float32 on both sides: only an exact-to-1e-4 tie can swap the winner, so the runner-up suffices
 
-GOLDENS = {name: json.loads((DATA / f"{name}.json").read_text()) for name in (SMOLLM2, GEMMA3)}
+GOLDENS = {name: json.loads((GGUF_GOLDENS / f"{name}.json").read_text()) for name in (SMOLLM2, GEMMA3)}
 CASES = [(name, prompt["name"]) for name, golden in GOLDENS.items() for prompt in golden["prompts"]]
 
 

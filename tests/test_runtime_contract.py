@@ -24,7 +24,7 @@ from refllm.runtime.llm import LLM
 from refllm.runtime.sampling import SamplingParams
 from refllm.server import BackgroundServer, create_app
 from refllm.testing.configs import tiny_config_json
-from tests.independent_model import TinyAttentionLM
+from tests.helpers.independent_model import TinyAttentionLM
 
 # The batch's rows go through BLAS together, which may sum their products in another order than a
 # one-row call: float32 rounding, a few ulps of the logits' size.

@@ -16,12 +16,8 @@ import httpx
 import openai
 import pytest
 
-from tests.test_cli import ROOT, refllm_process, write_tiny_model
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> str:
-    return str(write_tiny_model(tmp_path_factory.mktemp("serve") / "tiny"))
+from tests.helpers.command_line import refllm_process
+from tests.helpers.paths import ROOT
 
 
 def free_port() -> int:

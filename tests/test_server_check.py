@@ -30,17 +30,11 @@ import refllm
 from refllm.cli import main
 from refllm.server import BackgroundServer, create_app
 from refllm.testing.server_check import top_k_kl
-from tests.real_models import SMOLLM2, real_model_or_skip
-from tests.test_cli import write_tiny_model
+from tests.helpers.real_models import SMOLLM2, real_model_or_skip
 
 TIMEOUT = 2.0  # seconds for one answer in these tests
 MAX_MB = 1
 GIGABYTES = 2 << 30
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> str:
-    return str(write_tiny_model(tmp_path_factory.mktemp("check") / "tiny"))
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ from refllm.runtime.executor import LLMExecutor
 from refllm.runtime.llm import LLM
 from refllm.runtime.sampling import SamplingParams
 from refllm.runtime.speculative import DraftModelDrafter, PromptLookupDrafter, speculative_generate
-from tests.test_engine import greedy_reference
-from tests.test_model_properties import model_for
+from tests.helpers.engine import greedy_reference
+from tests.helpers.random_models import model_for
 
 
 def run(target, drafter, prompt, params, k=4):

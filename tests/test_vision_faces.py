@@ -22,8 +22,9 @@ from refllm.runtime.engine import Engine
 from refllm.runtime.executor import LLMExecutor
 from refllm.runtime.llm import LLM
 from refllm.runtime.sampling import SamplingParams
-from tests.hf_vision_fixtures import DATA
-from tests.test_cli import run, write_tiny_model
+from tests.helpers.command_line import run
+from tests.helpers.model_directory import write_tiny_model
+from tests.helpers.paths import HF_DATA
 
 pytest.importorskip("PIL")
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
@@ -32,7 +33,7 @@ CASES = ["idefics3", "gemma3_vision"]
 
 @pytest.fixture(scope="module")
 def models() -> dict:
-    return {case: refllm.load_model(DATA / case) for case in CASES}
+    return {case: refllm.load_model(HF_DATA / case) for case in CASES}
 
 
 def api_answer(model, messages: list[dict], images: list[np.ndarray], params: SamplingParams = GREEDY) -> str:
@@ -47,8 +48,8 @@ def api_answer(model, messages: list[dict], images: list[np.ndarray], params: Sa
 
 @pytest.mark.parametrize("case", CASES)
 def test_generate_with_images_answers_as_the_api_does(models, case, capsys):
-    files = [str(DATA / case / "images" / name) for name in ("wide.png", "small.png")]
-    argv = ["generate", "what is in these?", "--model", str(DATA / case), "--temperature", "0", "--max-tokens", "12"]
+    files = [str(HF_DATA / case / "images" / name) for name in ("wide.png", "small.png")]
+    argv = ["generate", "what is in these?", "--model", str(HF_DATA / case), "--temperature", "0", "--max-tokens", "12"]
     code, out, err = run(capsys, *argv, "--image", files[0], "--image", files[1])
     assert code == 0, err
     messages = [{"role": "user", "content": content_parts("what is in these?", 2)}]
@@ -56,9 +57,9 @@ def test_generate_with_images_answers_as_the_api_does(models, case, capsys):
 
 
 def test_chat_attaches_an_image_to_the_next_message(models, capsys, monkeypatch):
-    image = str(DATA / "gemma3_vision" / "images" / "tall.png")
+    image = str(HF_DATA / "gemma3_vision" / "images" / "tall.png")
     monkeypatch.setattr(sys, "stdin", io.StringIO(f"/image {image}\ndescribe it\nand now?\n"))
-    code, out, err = run(capsys, "chat", "--model", str(DATA / "gemma3_vision"), "--temperature", "0",
+    code, out, err = run(capsys, "chat", "--model", str(HF_DATA / "gemma3_vision"), "--temperature", "0",
                          "--max-tokens", "12")  # fmt: skip
     assert code == 0, err
     model = models["gemma3_vision"]
@@ -72,12 +73,12 @@ def test_chat_attaches_an_image_to_the_next_message(models, capsys, monkeypatch)
 
 def test_images_for_a_text_model_and_bad_files_are_one_line_errors(tmp_path, capsys):
     text_model = str(write_tiny_model(tmp_path / "text"))
-    image = str(DATA / "idefics3" / "images" / "wide.png")
+    image = str(HF_DATA / "idefics3" / "images" / "wide.png")
     code, _, err = run(capsys, "generate", "hi", "--model", text_model, "--image", image)
     assert code == 1 and "reads text only" in err and len(err.strip().splitlines()) == 1
     (tmp_path / "not-an-image.png").write_bytes(b"plain text, not a picture")
     for bad in (str(tmp_path / "not-an-image.png"), str(tmp_path / "missing.png")):
-        code, _, err = run(capsys, "generate", "hi", "--model", str(DATA / "idefics3"), "--image", bad)
+        code, _, err = run(capsys, "generate", "hi", "--model", str(HF_DATA / "idefics3"), "--image", bad)
         assert code == 1 and err.startswith("refllm: error:") and len(err.strip().splitlines()) == 1
 
 
@@ -99,7 +100,7 @@ def server(models):
 def test_the_openai_client_sends_an_image_as_a_data_url(models, server):
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-    path = DATA / "idefics3" / "images" / "tall.png"
+    path = HF_DATA / "idefics3" / "images" / "tall.png"
     content = [{"type": "image_url", "image_url": {"url": data_url(path)}}, {"type": "text", "text": "what is this?"}]
     reply = client.chat.completions.create(
         model="smolvlm-tiny", messages=[{"role": "user", "content": content}], temperature=0, max_tokens=12

@@ -21,7 +21,8 @@ from refllm import CacheConfig
 from refllm.errors import ImageError
 from refllm.io.safetensors import HFDirectorySource
 from refllm.models.decoder import DecoderModel
-from tests.hf_vision_fixtures import DATA, NEW_TOKENS, SCENARIOS
+from tests.helpers.hf_vision_fixtures import NEW_TOKENS, SCENARIOS, images_of, reference
+from tests.helpers.paths import HF_DATA
 
 ATOL = RTOL = 1e-4  # logits
 FEATURES = 1e-5  # image features and spliced embeddings
@@ -31,19 +32,7 @@ IMAGE_CASES = [(case, scenario) for case, scenario in CASES if scenario != "text
 
 @pytest.fixture(scope="module", params=[True, False], ids=["spec", "fast"])
 def models(request) -> dict:
-    return {case: refllm.load_model(DATA / case, reference=request.param) for case in SCENARIOS}
-
-
-def reference(case: str, scenario: str) -> dict:
-    stored = np.load(DATA / case / "reference.npz")
-    return {key.split(".", 1)[1]: stored[key] for key in stored if key.startswith(scenario + ".")}
-
-
-def images_of(ref: dict) -> list[np.ndarray]:
-    """The stored pixel values, split into one batch per image."""
-    if "pixel_values" not in ref:
-        return []
-    return np.split(ref["pixel_values"], np.cumsum(ref["tiles_per_image"])[:-1])
+    return {case: refllm.load_model(HF_DATA / case, reference=request.param) for case in SCENARIOS}
 
 
 def all_logits(model, ref: dict, kind: str, spans: bool = True) -> np.ndarray:
@@ -85,8 +74,8 @@ def test_logits_and_greedy_tokens_match_transformers(models, case, scenario, kin
 
 @pytest.mark.parametrize("case", list(SCENARIOS))
 def test_a_text_prompt_gives_exactly_the_text_models_logits(case):
-    vision_model = refllm.load_model(DATA / case, reference=True)
-    text_model = DecoderModel.load(HFDirectorySource(DATA / case), reference=True)
+    vision_model = refllm.load_model(HF_DATA / case, reference=True)
+    text_model = DecoderModel.load(HFDirectorySource(HF_DATA / case), reference=True)
     ref = reference(case, "text_only")
     ids = ref["input_ids"][None]
     cache = text_model.create_kv_cache(CacheConfig(kind="contiguous"))
@@ -131,7 +120,7 @@ SWITCHED_OFF = {
 @pytest.mark.parametrize("mechanism", list(SWITCHED_OFF))
 def test_each_mechanism_switched_off_moves_the_logits(mechanism, monkeypatch):
     case, target, replacement = SWITCHED_OFF[mechanism]
-    model, ref = refllm.load_model(DATA / case, reference=True), reference(case, "two_images")
+    model, ref = refllm.load_model(HF_DATA / case, reference=True), reference(case, "two_images")
     np.testing.assert_allclose(all_logits(model, ref, "contiguous"), ref["logits"], atol=ATOL, rtol=RTOL)
     monkeypatch.setattr(target, replacement)
     assert_past_tolerance(all_logits(model, ref, "contiguous"), ref["logits"])
@@ -145,13 +134,13 @@ def assert_past_tolerance(got: np.ndarray, expected: np.ndarray) -> None:
 
 @pytest.mark.parametrize("kind", ["contiguous", "paged"])
 def test_gemmas_image_tokens_must_see_each_other(kind):
-    model, ref = refllm.load_model(DATA / "gemma3_vision"), reference("gemma3_vision", "two_images")
+    model, ref = refllm.load_model(HF_DATA / "gemma3_vision"), reference("gemma3_vision", "two_images")
     assert_past_tolerance(all_logits(model, ref, kind, spans=False), ref["logits"])
 
 
 @pytest.mark.parametrize("case", list(SCENARIOS))
 def test_features_spliced_one_position_off_move_the_logits(case):
-    model, ref = refllm.load_model(DATA / case, reference=True), reference(case, "two_images")
+    model, ref = refllm.load_model(HF_DATA / case, reference=True), reference(case, "two_images")
     ids = ref["input_ids"][None]
     is_image = ids[0] == model.multimodal.image_token_id
     x = model.embed_multimodal(ids, images_of(ref))
@@ -180,7 +169,7 @@ def bad_images(ref: dict) -> dict:
 def test_mismatched_images_are_refused_and_the_cache_is_unchanged(case):
     from refllm.runtime.llm import LLM
 
-    model, ref = refllm.load_model(DATA / case), reference(case, "two_images")
+    model, ref = refllm.load_model(HF_DATA / case), reference(case, "two_images")
     llm = LLM(model, CacheConfig(block_size=8))
     ids = ref["input_ids"].tolist()
     llm.prefill("kept", ids, images_of(ref))
@@ -194,7 +183,7 @@ def test_mismatched_images_are_refused_and_the_cache_is_unchanged(case):
 
 
 def test_a_run_of_the_wrong_length_is_refused():
-    model, ref = refllm.load_model(DATA / "idefics3"), reference("idefics3", "tall")
+    model, ref = refllm.load_model(HF_DATA / "idefics3"), reference("idefics3", "tall")
     ids = ref["input_ids"]
     first = model.image_spans(ids)[0][0]
     short = np.delete(ids, first)[None]  # one image token fewer in the first run
@@ -203,7 +192,7 @@ def test_a_run_of_the_wrong_length_is_refused():
 
 
 def test_a_gemma_step_that_ends_inside_an_image_is_refused_and_changes_nothing():
-    model, ref = refllm.load_model(DATA / "gemma3_vision"), reference("gemma3_vision", "two_images")
+    model, ref = refllm.load_model(HF_DATA / "gemma3_vision"), reference("gemma3_vision", "two_images")
     ids = ref["input_ids"][None]
     runs = model.image_spans(ids[0])
     cut = runs[0][0] + 3
@@ -218,10 +207,10 @@ def test_a_gemma_step_that_ends_inside_an_image_is_refused_and_changes_nothing()
 
 @pytest.mark.parametrize("case", list(SCENARIOS))
 def test_the_image_halfs_parameters_are_counted(case):
-    source = HFDirectorySource(DATA / case)
-    text = refllm.load_model(DATA / case).config.num_parameters
+    source = HFDirectorySource(HF_DATA / case)
+    model = refllm.load_model(HF_DATA / case)
     stored = sum(source.tensor(name).size for name in source.tensor_names())
-    assert refllm.load_model(DATA / case).metadata.num_parameters == stored == text + source.multimodal.num_parameters
+    assert model.metadata.num_parameters == stored == model.config.num_parameters + source.multimodal.num_parameters
 
 
 @pytest.mark.slow
@@ -231,11 +220,11 @@ def test_the_fixture_script_reproduces_the_stored_references(case, tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     pytest.importorskip("PIL")
-    from tests.hf_vision_fixtures import BUILDERS, hf_reference
+    from tests.helpers.hf_vision_fixtures import BUILDERS, hf_reference
 
     model, processor = BUILDERS[case]()
     for scenario, (content, options) in SCENARIOS[case].items():
-        live, stored = hf_reference(case, model, processor, DATA / case, content, options), reference(case, scenario)
+        live, stored = hf_reference(case, model, processor, HF_DATA / case, content, options), reference(case, scenario)
         assert live["input_ids"].tolist() == stored["input_ids"].tolist()
         np.testing.assert_allclose(live["logits"], stored["logits"], atol=1e-5, rtol=1e-5)
         assert live["greedy"].tolist() == stored["greedy"].tolist()

@@ -21,8 +21,8 @@ import refllm
 from refllm.io.images import read_image
 from refllm.io.vision_prompt import encode_chat
 from refllm.nn.resample import FILTERS, column_pass_first, resize
-from tests.hf_vision_fixtures import DATA, SCENARIOS, messages
-from tests.test_vision_models import reference
+from tests.helpers.hf_vision_fixtures import SCENARIOS, messages, reference
+from tests.helpers.paths import HF_DATA
 
 PIL = pytest.importorskip("PIL")
 from PIL import Image  # noqa: E402
@@ -79,7 +79,7 @@ def hf_processor(case: str):
                                    pan_and_scan_max_num_crops=4, pan_and_scan_min_ratio_to_activate=1.2)  # fmt: skip
 
 
-PROCESSORS = {case: refllm.load_model(DATA / case).image_processor for case in SCENARIOS}
+PROCESSORS = {case: refllm.load_model(HF_DATA / case).image_processor for case in SCENARIOS}
 
 
 def processor(case: str, options: dict):
@@ -103,16 +103,16 @@ def test_the_fixtures_images_give_transformers_pixel_values(case):
         ref = reference(case, scenario)
         if "pixel_values" not in ref:
             continue
-        ours = np.concatenate([processor(case, options)(read_image(DATA / case / "images" / c)).pixels
+        ours = np.concatenate([processor(case, options)(read_image(HF_DATA / case / "images" / c)).pixels
                                for c in content if c.endswith(".png")])  # fmt: skip
         assert_pixels_close(ours, ref["pixel_values"], LEVELS["lanczos" if case == "idefics3" else "bilinear"])
 
 
 @pytest.mark.parametrize("case", list(SCENARIOS))
 def test_prompts_expand_and_tokenize_as_transformers_processors(case):
-    tokenizer = refllm.load_model(DATA / case).tokenizer
+    tokenizer = refllm.load_model(HF_DATA / case).tokenizer
     for scenario, (content, options) in SCENARIOS[case].items():
-        images = [read_image(DATA / case / "images" / c) for c in content if c.endswith(".png")]
+        images = [read_image(HF_DATA / case / "images" / c) for c in content if c.endswith(".png")]
         ids, pixels = encode_chat(tokenizer, processor(case, options), messages(content), images)
         assert ids == reference(case, scenario)["input_ids"].tolist()
         assert [len(p) for p in pixels] == reference(case, scenario).get("tiles_per_image", np.array([])).tolist()

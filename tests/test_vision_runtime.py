@@ -23,15 +23,15 @@ from refllm.runtime.executor import LLMExecutor
 from refllm.runtime.image_prompts import chunk_ends, prefix_key_ids
 from refllm.runtime.llm import LLM
 from refllm.runtime.sampling import SamplingParams
-from tests.hf_vision_fixtures import DATA, SCENARIOS
-from tests.test_vision_models import images_of, reference
+from tests.helpers.hf_vision_fixtures import SCENARIOS, images_of, reference
+from tests.helpers.paths import HF_DATA
 
 CLOSE = dict(rtol=1e-5, atol=1e-5)
 
 
 @pytest.fixture(scope="module")
 def models() -> dict:
-    return {case: refllm.load_model(DATA / case) for case in SCENARIOS}
+    return {case: refllm.load_model(HF_DATA / case) for case in SCENARIOS}
 
 
 @settings(max_examples=60, deadline=None)

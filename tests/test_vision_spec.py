@@ -20,7 +20,7 @@ from refllm.nn.attention import attention, bidirectional_attention
 from refllm.nn.image_tokens import average_pool, pixel_shuffle
 from refllm.nn.norm import layer_norm
 from refllm.nn.patches import patch_embedding, patch_position_ids
-from tests.test_attention_kernels import ATOL, RTOL, attention_shapes, blocked, kernel_scalars
+from tests.helpers.paged_attention import ATOL, RTOL, attention_shapes, blocked, kernel_scalars
 
 SETTINGS = settings(max_examples=40, deadline=None)
 

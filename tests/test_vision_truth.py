@@ -14,9 +14,9 @@ import pytest
 
 import refllm
 from refllm import CacheConfig
-from tests.float64_vision_reference import reference_logits
-from tests.hf_vision_fixtures import DATA
-from tests.test_vision_models import images_of, reference
+from tests.helpers.float64_vision_reference import reference_logits
+from tests.helpers.hf_vision_fixtures import images_of, reference
+from tests.helpers.paths import HF_DATA
 
 TRUTH = 1e-9  # of the largest logit
 
@@ -32,12 +32,12 @@ def float64_logits(model, ref: dict, chunks: list[int] | None = None) -> np.ndar
 @pytest.mark.parametrize("case, scenario", [("idefics3", "tall"), ("gemma3_vision", "two_images")])
 def test_float64_logits_agree_with_the_independent_forward(case, scenario):
     ref = reference(case, scenario)
-    truth = reference_logits(DATA / case, ref["input_ids"].tolist(), ref["pixel_values"])
-    model = refllm.load_model(DATA / case, dtype="float64")
+    truth = reference_logits(HF_DATA / case, ref["input_ids"].tolist(), ref["pixel_values"])
+    model = refllm.load_model(HF_DATA / case, dtype="float64")
     got = float64_logits(model, ref)
     scale = np.abs(truth).max(axis=-1, keepdims=True)
     assert (np.abs(got - truth) / scale).max() < TRUTH
-    float32 = refllm.load_model(DATA / case, reference=True)
+    float32 = refllm.load_model(HF_DATA / case, reference=True)
     ids = ref["input_ids"][None]
     x = float32.embed_multimodal(ids, images_of(ref))
     cache = float32.create_kv_cache(CacheConfig(kind="contiguous"))

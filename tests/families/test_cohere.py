@@ -17,10 +17,10 @@ import refllm
 from refllm.config import ConfigError, ModelConfig
 from refllm.models.decoder import DecoderModel
 from refllm.recipe import NormKind, NormPlacement, QKNorm
-from tests.hf_fixtures import DATA
-from tests.test_hf_parity import ATOL, RTOL, all_logits
+from tests.helpers.parity import ATOL, RTOL, all_logits
+from tests.helpers.paths import HF_DATA
 
-FIXTURE = DATA / "cohere"
+FIXTURE = HF_DATA / "cohere"
 
 
 def config_json() -> dict:

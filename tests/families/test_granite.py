@@ -16,10 +16,10 @@ import pytest
 import refllm
 from refllm.config import ConfigError, ModelConfig
 from refllm.models.decoder import DecoderModel
-from tests.hf_fixtures import DATA
-from tests.test_hf_parity import ATOL, RTOL, all_logits
+from tests.helpers.parity import ATOL, RTOL, all_logits
+from tests.helpers.paths import HF_DATA
 
-FIXTURE = DATA / "granite"
+FIXTURE = HF_DATA / "granite"
 
 
 def config_json() -> dict:

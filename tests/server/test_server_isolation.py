@@ -16,8 +16,8 @@ from refllm import CacheConfig
 from refllm.runtime.engine import Engine
 from refllm.runtime.llm import LLM
 from refllm.server import BackgroundServer, create_app
-from tests.test_engine_isolation import CULPRIT, FaultyExecutor
-from tests.test_server import model, wait_until_idle  # noqa: F401 (fixture)
+from tests.helpers.engine import CULPRIT, FaultyExecutor
+from tests.helpers.server import wait_until_idle
 
 HEALTHY = [
     {"prompt": [5, 6, 7], "temperature": 0},

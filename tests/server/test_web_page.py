@@ -21,8 +21,8 @@ from refllm.runtime.sampling import SamplingParams
 from refllm.server import BackgroundServer, create_app
 from refllm.server.inside import describe
 from refllm.tracing import trace
-from tests.hf_fixtures import DATA
-from tests.test_cli import write_tiny_model
+from tests.helpers.model_directory import write_tiny_model
+from tests.helpers.paths import HF_DATA
 
 KEY = "sesame"
 
@@ -114,7 +114,7 @@ def test_the_page_needs_no_key_but_the_api_does_and_other_sites_are_refused(serv
 
 
 def test_the_inside_view_is_the_trace_with_the_samplers_cut_offs_and_the_routes():
-    model = refllm.load_model(DATA / "mixtral", reference=True)
+    model = refllm.load_model(HF_DATA / "mixtral", reference=True)
     ids = [3, 14, 15, 9, 2, 6, 5, 3]
     traced = trace(model, ids)
     params = SamplingParams(temperature=0.7, top_k=5, top_p=0.9, min_p=0.05)

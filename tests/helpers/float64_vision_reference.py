@@ -23,7 +23,7 @@ import numpy as np
 
 from refllm.config import ModelConfig
 from refllm.recipe import NormPlacement, QKNorm
-from tests.float64_reference import _mlp, _norm, _qkv, _read_safetensors, _rotate, text_tensors
+from tests.helpers.float64_reference import _mlp, _norm, _qkv, _read_safetensors, _rotate, text_tensors
 
 
 def reference_logits(directory: Path, token_ids: list[int], pixels: np.ndarray | None) -> np.ndarray:

@@ -17,6 +17,8 @@ from refllm import catalog
 
 SMOLLM2 = "smollm2-135m"  # models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf
 GEMMA3 = "gemma3-270m"  # models/gemma3-270m/gemma-3-270m-q4_k_m.gguf
+# The conversation the goldens of tests/data/gguf were recorded on (tests/tools/make_gguf_goldens.py)
+CHAT_MESSAGES = [{"role": "user", "content": "What is the tallest mountain in the world?"}]
 
 
 @functools.cache  # a pull checks the file's SHA-256 each time: once per test run is enough

@@ -1,6 +1,6 @@
 """Greedy goldens for the catalog's real GGUF models, recorded with Hugging Face transformers.
 
-Run ``python tests/make_gguf_goldens.py`` (needs torch, transformers and
+Run ``python tests/tools/make_gguf_goldens.py`` (needs torch, transformers and
 accelerate; the models are pulled into ``$REFLLM_HOME`` if absent) to rewrite
 ``tests/data/gguf/<model>.json``. transformers reads the GGUF file on its own:
 it dequantizes with gguf, undoes llama.cpp's q/k permutation and Gemma's +1
@@ -24,11 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for tests.helpers
 
-from tests.real_models import real_model_path  # noqa: E402
+from tests.helpers.paths import GGUF_GOLDENS  # noqa: E402
+from tests.helpers.real_models import CHAT_MESSAGES, real_model_path  # noqa: E402
 
-DATA = Path(__file__).parent / "data" / "gguf"
 NEW_TOKENS = 40  # past the ~20 tokens after which a wrong RoPE layout turns to gibberish
 TOP_K = 5
 FIRST_STEP_TOP = 64
@@ -41,7 +41,6 @@ PLAIN_PROMPTS = {
     "code": "def fibonacci(n):\n",
     "list": "Here are three tips for staying healthy:\n1.",
 }
-CHAT_MESSAGES = [{"role": "user", "content": "What is the tallest mountain in the world?"}]
 # Gemma 3 270M is the base model: its GGUF carries no chat template, so it has no chat prompt.
 MODELS = {"smollm2-135m": True, "gemma3-270m": False}  # name -> record the chat prompt
 
@@ -112,8 +111,8 @@ def record(name: str, with_chat: bool) -> None:
         "top_k": TOP_K,
         "prompts": cases,
     }
-    DATA.mkdir(parents=True, exist_ok=True)
-    (DATA / f"{name}.json").write_text(json.dumps(golden, indent=1) + "\n")
+    GGUF_GOLDENS.mkdir(parents=True, exist_ok=True)
+    (GGUF_GOLDENS / f"{name}.json").write_text(json.dumps(golden, indent=1) + "\n")
 
 
 def main(names: list[str]) -> None:

@@ -11,11 +11,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import logging
 import socket
 import threading
 import time
-from collections.abc import Iterator
 
 import httpx
 import numpy as np
@@ -25,92 +23,20 @@ import pytest
 import refllm
 from refllm import CacheConfig
 from refllm.commands.serve import add_cli, model_id
-from refllm.config import ModelConfig
-from refllm.io.tokenizer import Tokenizer
-from refllm.models.contract import InMemorySource
-from refllm.models.decoder import DecoderModel
-from refllm.models.random import random_tensors
 from refllm.runtime.configurable_executor import ConfigurableModelExecutor
 from refllm.runtime.engine import Engine
-from refllm.runtime.executor import LLMExecutor
-from refllm.runtime.llm import LLM
 from refllm.runtime.sampling import SamplingParams
 from refllm.server import BackgroundServer, create_app
-from tests.real_models import SMOLLM2, real_model_or_skip
-from tests.test_engine import failing_script
-from tests.test_tokenizer import CHATML, byte_level_backend
+from tests.helpers.engine import failing_script
+from tests.helpers.real_models import SMOLLM2, real_model_or_skip
+from tests.helpers.server import ARENA, CONTEXT, MODEL, tracebacks, wait_until_idle
 
-MODEL = "tiny"
-CONTEXT = 512
-ARENA = CacheConfig(block_size=4, num_blocks=96)  # 384 tokens: smaller than the context, so both limits show
 HELLO = [{"role": "user", "content": "hello world"}]
-
-
-@pytest.fixture(scope="module")
-def model() -> DecoderModel:
-    tokenizer = Tokenizer(byte_level_backend(), eos_token="<|im_end|>", chat_template=CHATML)
-    config = ModelConfig.from_hf(
-        dict(
-            model_type="llama",
-            vocab_size=tokenizer.vocab_size,
-            hidden_size=32,
-            intermediate_size=48,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=CONTEXT,
-        )
-    )
-    return DecoderModel.load(InMemorySource(config, random_tensors(config, seed=3), tokenizer))
-
-
-@pytest.fixture(scope="module")
-def engine(model) -> Iterator[Engine]:
-    engine = Engine(LLMExecutor(LLM(model, ARENA)), model.tokenizer, max_batch_size=8)
-    yield engine
-    engine.close()
-
-
-@pytest.fixture(scope="module")
-def server(engine):
-    with BackgroundServer(create_app(engine, model_name=MODEL)) as server:
-        yield server
-
-
-@pytest.fixture(autouse=True)
-def idle_afterwards(request):
-    """After each test on the shared server: nothing running, no cache alive, every block free."""
-    yield
-    if "engine" in request.fixturenames:
-        wait_until_idle(request.getfixturevalue("engine"))
 
 
 @pytest.fixture
 def client(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-
-
-@pytest.fixture
-def server_log(caplog) -> Iterator[pytest.LogCaptureFixture]:
-    """What the server logs during the test (uvicorn's loggers do not propagate to the root logger)."""
-    logger = logging.getLogger("uvicorn")
-    logger.addHandler(caplog.handler)
-    yield caplog
-    logger.removeHandler(caplog.handler)
-
-
-def tracebacks(log: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
-    return [record for record in log.records if record.exc_info]
-
-
-def wait_until_idle(engine: Engine, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        status = engine.executor.status()
-        if status.live_caches == 0 and status.blocks_free == status.blocks_total and not engine.has_work():
-            return
-        assert time.monotonic() < deadline, f"the engine is not idle: {status}"
-        time.sleep(0.01)
 
 
 def chat_prompt(model, messages) -> list[int]:

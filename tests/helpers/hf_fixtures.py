@@ -1,24 +1,20 @@
 """Reference outputs from Hugging Face transformers for every architecture refllm claims.
 
-Run ``python tests/hf_fixtures.py`` to regenerate ``tests/data/hf/``: for each
-case below it builds a tiny randomly initialised transformers model (float32,
-eager attention), saves it with ``save_pretrained`` and records, for a prompt
-longer than the sliding window, the logits at every position and a greedy
-continuation generated with transformers' KV cache. ``test_hf_parity.py``
-compares refllm against these files without torch, and against live
-transformers models built by the same functions when transformers is installed.
+For each case below, ``build_hf_model`` builds a tiny randomly initialised transformers model
+(float32, eager attention) and ``hf_reference`` records, for a prompt longer than the sliding
+window, the logits at every position and a greedy continuation generated with transformers' KV
+cache. ``python tests/tools/make_hf_fixtures.py`` saves both into ``tests/data/hf/`` (the model
+with ``save_pretrained``); ``tests/parity/test_hf_parity.py`` compares refllm against these files
+without torch, and against live transformers models built by the same functions when
+transformers is installed.
 """
 
 from __future__ import annotations
 
 import inspect
-import json
-import sys
-from pathlib import Path
 
 import numpy as np
 
-DATA = Path(__file__).parent / "data" / "hf"
 PROMPT_LEN = 24  # longer than every sliding window below (8)
 NEW_TOKENS = 32  # long enough for a wrong RoPE layout to turn into gibberish
 SEED = 1234
@@ -297,38 +293,3 @@ def hf_reference(model, ids: np.ndarray) -> dict[str, np.ndarray]:
             greedy.append(token)
             out = model(torch.tensor([[token]]), use_cache=True, **{cache_kwarg: cache})
     return {"input_ids": ids, "logits": logits, "greedy": np.array(greedy)}
-
-
-def write_case(name: str) -> None:
-    import torch
-
-    model = build_hf_model(name)
-    out = DATA / name
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[CASES[name][2]]
-    if dtype != torch.float32:
-        # Round the weights (not the RoPE buffers) to the storage dtype first, so the
-        # reference is computed from exactly the weights refllm will read back.
-        with torch.no_grad():
-            for param in model.parameters():
-                param.copy_(param.to(dtype).to(torch.float32))
-    reference = hf_reference(model, prompt_ids())
-    model.to(dtype).save_pretrained(out, safe_serialization=True)  # buffers are not saved
-    np.savez_compressed(out / "reference.npz", **reference)
-    if name in LEGACY_CONFIGS:
-        config = json.loads((out / "config.json").read_text())
-        for key in ("rope_parameters", "layer_types", "no_rope_layers"):
-            config.pop(key, None)
-        config |= LEGACY_CONFIGS[name]
-        (out / "config.legacy.json").write_text(json.dumps(config, indent=2))
-    for stray in ("generation_config.json",):
-        (out / stray).unlink(missing_ok=True)
-    print(f"{name}: logits {reference['logits'].shape}, greedy {reference['greedy'][:8]}...")
-
-
-def main(names: list[str]) -> None:
-    for name in names or list(CASES):
-        write_case(name)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

@@ -33,9 +33,9 @@ from hypothesis import strategies as st
 import refllm
 from refllm.io.gguf_header import map_file
 from refllm.io.safetensors import HFDirectorySource
-from tests.hf_fixtures import DATA
-from tests.test_cli import CHATML, write_tiny_model
-from tests.test_gguf_source import convert
+from tests.helpers.gguf_convert import convert
+from tests.helpers.model_directory import CHATML, write_tiny_model
+from tests.helpers.paths import HF_DATA
 
 MEMORY_CAP = 512 << 20  # address space a case may add to the process
 TIME_CAP = 10.0  # seconds
@@ -136,7 +136,7 @@ def make_seeds(directory: Path) -> Seeds:
     path = convert(hf, directory / "tiny.gguf", more=functools.partial(_add_tokenizer, hf / "tokenizer.json"))
     mapped, header = map_file(path)
     mapped.close()
-    return Seeds(hf, path, header.data_offset, {family: DATA / family for family in FAMILY_KEYS})
+    return Seeds(hf, path, header.data_offset, {family: HF_DATA / family for family in FAMILY_KEYS})
 
 
 def _add_tokenizer(tokenizer_file: Path, writer: gguf.GGUFWriter) -> None:

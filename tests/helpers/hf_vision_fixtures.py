@@ -1,7 +1,7 @@
 """Reference outputs from Hugging Face transformers for the vision-language models refllm claims.
 
-Run ``python tests/hf_vision_fixtures.py`` to regenerate ``tests/data/hf/idefics3`` and
-``tests/data/hf/gemma3_vision``. For each it builds a tiny randomly initialised model (float32, eager
+``python tests/tools/make_hf_vision_fixtures.py`` regenerates ``tests/data/hf/idefics3`` and
+``tests/data/hf/gemma3_vision`` from what is here. For each it builds a tiny randomly initialised model (float32, eager
 attention) with transformers, a byte-level BPE tokenizer holding the model's image tokens, a chat
 template and an image processor, and saves them as the Hub lays them out. It draws a few images of odd
 sizes and aspect ratios (PNG files beside the model) and records, for every prompt of ``SCENARIOS``, what
@@ -16,13 +16,12 @@ The SmolVLM checkpoint is written in the long-standing layout (``preprocessor_co
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import numpy as np
 
-DATA = Path(__file__).parent / "data" / "hf"
+from tests.helpers.paths import HF_DATA
+
 NEW_TOKENS = 16
 SEED = 29
 
@@ -179,21 +178,6 @@ def _randomised(model):
     return model.eval()
 
 
-def draw_images(directory: Path) -> None:
-    """Gradients under noise, so resampling has edges and smooth parts to get right."""
-    from PIL import Image
-
-    rng = np.random.default_rng(SEED)
-    directory.mkdir(parents=True, exist_ok=True)
-    for name, (height, width, mode) in IMAGES.items():
-        y, x = np.mgrid[0:height, 0:width]
-        channels = [255 * x / width, 255 * y / height, 127 + 100 * np.sin(x / 3.0 + y / 5.0), 64 + 3 * (x + y)]
-        pixels = np.stack(channels, axis=-1) + rng.normal(0, 30, size=(height, width, 4))
-        pixels = np.clip(pixels, 0, 255).astype(np.uint8)
-        image = Image.fromarray(pixels, "RGBA").convert(mode) if mode != "RGBA" else Image.fromarray(pixels, "RGBA")
-        image.save(directory / name)
-
-
 def messages(content: list[str]) -> list[dict]:
     """One user message whose ``.png`` entries are images and the rest text."""
     parts = [{"type": "image"} if c.endswith(".png") else {"type": "text", "text": c} for c in content]
@@ -266,30 +250,14 @@ def _greedy(model, first: dict) -> list[int]:
     return tokens
 
 
-def write_case(case: str) -> None:
-    model, processor = BUILDERS[case]()
-    out = DATA / case
-    model.save_pretrained(out, safe_serialization=True)
-    processor.save_pretrained(out)
-    if case == "idefics3":  # the Hub's long-standing layout: the image processor in a file of its own
-        nested = json.loads((out / "processor_config.json").read_text())
-        (out / "preprocessor_config.json").write_text(json.dumps(nested.pop("image_processor"), indent=2))
-        (out / "processor_config.json").write_text(json.dumps(nested, indent=2))
-    (out / "generation_config.json").unlink(missing_ok=True)
-    draw_images(out / "images")
-    reference = {}
-    for scenario, (content, options) in SCENARIOS[case].items():
-        for key, value in hf_reference(case, model, processor, out, content, options).items():
-            reference[f"{scenario}.{key}"] = value
-        print(f"{case}/{scenario}: {len(reference[f'{scenario}.input_ids'])} tokens,"
-              f" greedy {reference[f'{scenario}.greedy'][:6]}...")  # fmt: skip
-    np.savez_compressed(out / "reference.npz", **reference)
+def reference(case: str, scenario: str) -> dict:
+    """What ``tests/data/hf/<case>/reference.npz`` stores for one scenario, by key."""
+    stored = np.load(HF_DATA / case / "reference.npz")
+    return {key.split(".", 1)[1]: stored[key] for key in stored if key.startswith(scenario + ".")}
 
 
-def main(names: list[str]) -> None:
-    for case in names or list(BUILDERS):
-        write_case(case)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
+def images_of(ref: dict) -> list[np.ndarray]:
+    """The stored pixel values, split into one batch per image."""
+    if "pixel_values" not in ref:
+        return []
+    return np.split(ref["pixel_values"], np.cumsum(ref["tiles_per_image"])[:-1])

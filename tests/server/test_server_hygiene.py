@@ -10,10 +10,16 @@ import httpx
 import pytest
 
 from refllm.server import BackgroundServer, create_app
-from tests.test_server import MODEL, engine, idle_afterwards, model  # noqa: F401 (fixtures)
-from tests.test_server_limits import LIMITS, address, rest_until_closed, server  # noqa: F401 (fixture)
+from refllm.server.limits import ServerLimits
+from tests.helpers.server import LIMITS, MODEL, address, rest_until_closed
 
 KEY = "sk-very-secret-4242"
+
+
+@pytest.fixture(scope="module")
+def limits() -> ServerLimits:
+    """The shared server with the short timeouts of the hostile-client tests (tests/server/conftest.py)."""
+    return LIMITS
 
 
 def exchange(connection: socket.socket, request: bytes) -> bytes:

@@ -3,7 +3,7 @@
 A 50 MB body, a 5 MB prompt, an abandoned 48-input embeddings request, 200 slow
 connections and a server out of open files; then who may use the server (API key,
 Host, Origin, CORS). The server runs on 127.0.0.1 over the tiny model of
-tests/test_server.py, with short timeouts so the tests stay short.
+tests/server/conftest.py, with short timeouts so the tests stay short.
 """
 
 from __future__ import annotations
@@ -29,40 +29,25 @@ from refllm.commands.serve import add_cli
 from refllm.server import BackgroundServer, create_app
 from refllm.server.guard import hosts_for
 from refllm.server.limits import ServerLimits
-from tests.test_cli import write_tiny_model
-from tests.test_server import (  # noqa: F401 (fixtures)
+from tests.helpers.model_directory import write_tiny_model
+from tests.helpers.server import (
+    LIMITS,
     MODEL,
-    engine,
-    idle_afterwards,
-    model,
-    server_log,
+    SMALL,
+    address,
+    rest_until_closed,
+    small_request_answers,
     tracebacks,
     wait_until_idle,
 )
 
-LIMITS = ServerLimits(header_timeout=1.0, body_timeout=2.0, idle_timeout=1.0, max_inputs=48)
 ANSWER_WITHIN = 2.0  # seconds
-SMALL = {"model": MODEL, "prompt": "hi", "max_tokens": 2, "temperature": 0}
 
 
 @pytest.fixture(scope="module")
-def server(engine):
-    with BackgroundServer(create_app(engine, model_name=MODEL, limits=LIMITS)) as server:
-        small_request_answers(server.url)  # kernels compiled (or loaded from Numba's cache) before any timing
-        yield server
-
-
-def address(server) -> tuple[str, int]:
-    host, port = server.url.removeprefix("http://").split(":")
-    return host, int(port)
-
-
-def small_request_answers(url: str) -> float:
-    """Seconds a small completion from a fresh client takes; it must succeed."""
-    start = time.monotonic()
-    response = httpx.post(url + "/v1/completions", json=SMALL, timeout=30)
-    assert response.status_code == 200, response.text
-    return time.monotonic() - start
+def limits() -> ServerLimits:
+    """The shared server with short timeouts, so the tests stay short (tests/server/conftest.py)."""
+    return LIMITS
 
 
 @contextlib.contextmanager
@@ -181,23 +166,6 @@ def test_a_body_sent_a_byte_at_a_time_is_cut_off_with_408_and_the_connection_clo
         assert answer.startswith(b"HTTP/1.1 408") and LIMITS.body_timeout <= time.monotonic() - start < 6
         assert b"connection: close" in answer.lower()
         assert rest_until_closed(connection) is not None  # and nothing more comes: no answer to the rest of the body
-
-
-def rest_until_closed(connection: socket.socket, within: float = 2.0) -> bytes | None:
-    """What the server sends until it closes ``connection`` (a reset counts as closed); None if still open."""
-    deadline, rest = time.monotonic() + within, b""
-    while time.monotonic() < deadline:
-        connection.settimeout(max(deadline - time.monotonic(), 0.01))
-        try:
-            chunk = connection.recv(4096)
-        except ConnectionResetError:
-            return rest
-        except TimeoutError:
-            return None
-        if not chunk:
-            return rest
-        rest += chunk
-    return None
 
 
 # --- embeddings ---------------------------------------------------------------------------------------------
