@@ -6,7 +6,7 @@ transformers' ``save_pretrained`` wrote it, one tensor per expert for Mixtral, Q
 and DeepSeek-V3), changes some bytes or one field to a hostile value, and loads
 it with ``refllm.load_model``. It must load, or be refused with a ValueError or a
 KeyError; a MemoryError (past the cap of address space) or running past the time cap
-is a failure. tests/test_fuzz_loaders.py runs a few hundred cases in CI;
+is a failure. tests/robustness/test_fuzz_loaders.py runs a few hundred cases in CI;
 benchmarks/fuzz_loaders.py runs many more and reports them.
 """
 

@@ -5,7 +5,7 @@ takes them, and each bug is a few lines: a subclass of ``DecoderModel``
 with one setting, weight, operation or built block changed (its op set is a
 constructor argument, its layers plain attributes), or a KV cache with one step
 done wrong. The kit
-must catch every one (``tests/test_oracle_mutants.py``).
+must catch every one (``tests/testing/test_oracle_mutants.py``).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ tests/data/hf and the real SmolLM2 GGUF file when $REFLLM_HOME holds it):
   decode step each;
 - in float32 on the paged arena (the fast ops), the same two;
 - for a GGUF file, the same with its quantized blocks kept (``quantized=True``);
-- for a vision-language fixture (tests/hf_vision_fixtures.py), each stored scenario's
+- for a vision-language fixture (tests/helpers/hf_vision_fixtures.py), each stored scenario's
   prompt with its images, in float64 on the contiguous cache and float32 on the paged arena.
 
 ``compare`` says, per model and run, whether the float64 logits are bit-identical

@@ -1,10 +1,10 @@
 """SmolVLM (Idefics3) and Gemma 3 with vision against transformers, on their Hub-layout fixtures.
 
-The fixtures (``tests/hf_vision_fixtures.py``) hold transformers' pixel values, image
+The fixtures (``tests/helpers/hf_vision_fixtures.py``) hold transformers' pixel values, image
 features, spliced input embeddings, logits at every position and 16 greedy tokens for
 prompts with several images of odd sizes (and Gemma 3's pan-and-scan crops). Here refllm
 reproduces each from the same pixel values (the preprocessing is compared apart, in
-test_vision_preprocessing.py), on both caches and both op sets; every mechanism switched
+tests/io/test_vision_preprocessing.py), on both caches and both op sets; every mechanism switched
 off moves the logits past the tolerance; a text prompt gives exactly the text model's
 logits; a mismatched image is refused and changes nothing.
 """
@@ -216,7 +216,7 @@ def test_the_image_halfs_parameters_are_counted(case):
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(SCENARIOS))
 def test_the_fixture_script_reproduces_the_stored_references(case, tmp_path):
-    """transformers, rebuilt by tests/hf_vision_fixtures.py, still computes what the fixtures store."""
+    """transformers, rebuilt by tests/helpers/hf_vision_fixtures.py, still computes what the fixtures store."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     pytest.importorskip("PIL")

@@ -1,6 +1,6 @@
 """DeepSeek-V3 beyond plain parity: each mechanism matters, the cache holds only the latent, every runtime agrees.
 
-The transformers fixtures (``tests/hf_fixtures.py``) are the oracle; a variant
+The transformers fixtures (``tests/helpers/hf_fixtures.py``) are the oracle; a variant
 with one mechanism turned off must move the logits well past the parity
 tolerance, or the fixture would not prove that mechanism.
 """

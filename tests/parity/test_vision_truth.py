@@ -1,6 +1,6 @@
 """float64 truth covers the vision tower: refllm's float64 path against an independent float64 forward.
 
-``tests/float64_vision_reference.py`` computes SmolVLM's and Gemma 3's logits from the
+``tests/helpers/float64_vision_reference.py`` computes SmolVLM's and Gemma 3's logits from the
 checkpoint's bytes with its own tower, connector and whole-sequence text model (Gemma 3's
 image tokens seeing each other by an explicit rule); refllm's float64 model, fed the same
 pixels, agrees to 1e-9 of the largest logit. A float32 tower would not: the test shows the

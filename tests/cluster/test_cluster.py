@@ -226,7 +226,7 @@ def test_golden_check_on_ray_prints_the_single_process_report(local_cluster, tmp
     listed = prompts([12, 2, 25, 7])
     golden = tmp_path / "golden.safetensors"
     dump(Checkpoint.open(MODEL), listed, golden, str(MODEL), new_tokens=12, positions=4)
-    mutant = ["--backend", "tests.mutants:interleaved_rope"]  # fails some prompts: a report with FAILs and KL
+    mutant = ["--backend", "tests.helpers.mutants:interleaved_rope"]  # fails some prompts: a report with FAILs and KL
     single = run(capsys, "golden", "check", str(golden), *mutant)
     on_ray = run(capsys, "golden", "check", str(golden), *mutant, "--ray", "--workers", "2")
     assert single[0] == on_ray[0] == 1
@@ -239,7 +239,7 @@ def test_an_interrupted_golden_check_resumes_from_its_shards_with_the_same_repor
     path = tmp_path / "golden.safetensors"
     dump(Checkpoint.open(MODEL), listed, path, str(MODEL), new_tokens=12, positions=4)
     golden, shards, seen = Golden.load(path), tmp_path / "shards", []
-    args = (path, golden, str(MODEL), "tests.mutants:interleaved_rope", "float32")
+    args = (path, golden, str(MODEL), "tests.helpers.mutants:interleaved_rope", "float32")
     with pytest.raises(KeyboardInterrupt):
         check_on_ray(*args, shards=shards, on_result=interrupt_after(2, seen))
     assert len(list(shards.glob("shard-*.safetensors"))) == 2

@@ -1,6 +1,6 @@
 """Gemma 2's soft-caps, SmolLM3's NoPE layers and OLMo 2's post-norms, on their transformers fixtures.
 
-``test_hf_parity.py`` holds each fixture to transformers (logits and greedy
+``tests/parity/test_hf_parity.py`` holds each fixture to transformers (logits and greedy
 tokens, contiguous and paged). Here: each mechanism matters (switched off, the
 logits leave the 1e-4 tolerance, so the parity could not pass without it), a
 batch and ``decode_batch`` equal single runs, ``LLM`` over the paged arena and the

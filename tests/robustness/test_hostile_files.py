@@ -1,7 +1,7 @@
 """Corrupt files that once allocated gigabytes, recursed without end or escaped as the wrong exception.
 
 Each is refused as a ValueError (or KeyError) naming the file and the field, within the
-memory and time caps of tests/fuzz_loaders.py.
+memory and time caps of tests/helpers/fuzz_loaders.py.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ checks, for the new tokens:
   Python as the forward pass calls them): the output and the keys and values written into the
   arena are the same bit for bit;
 - against the spec (``refllm/nn``, float32, the NumPy attention over gathered keys): within
-  float32 rounding, the bound tests/test_op_sets.py derives, four times the float32 spec's own
+  float32 rounding, the bound tests/models/test_op_sets.py derives, four times the float32 spec's own
   error against the same layer in float64 (truth); with int8 activations (drawn for the formats
   that have them) the fast ops are the reference, bit for bit;
 - a layer with its bias dropped is far outside that bound (the bound sees a real bug).
@@ -38,7 +38,7 @@ from refllm.quant.formats import dequantize
 from refllm.quant.linear import PARALLEL_MIN_WEIGHTS, QuantizedTensor
 from refllm.testing.truth import relative_error
 
-ROUNDING_MULTIPLE = 4.0  # as tests/test_op_sets.py
+ROUNDING_MULTIPLE = 4.0  # as tests/models/test_op_sets.py
 ULP_FLOOR = 16 * 2.0**-24
 PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
 FORMATS = ("F32", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")  # those gguf-py quantizes; the kernels share one dispatch
@@ -245,7 +245,7 @@ def test_the_compiled_layer_is_the_fast_ops_bit_for_bit_and_the_spec_within_roun
     np.testing.assert_array_equal(compiled_arena.k.view(np.uint32), fast_arena.k.view(np.uint32))
     np.testing.assert_array_equal(compiled_arena.v.view(np.uint32), fast_arena.v.view(np.uint32))
     truth, spec = runs["truth"][0], runs["spec"][0]
-    if not case["int8"]:  # int8 activations are bounded against float32 ones in tests/test_int8_matmul.py
+    if not case["int8"]:  # int8 activations are bounded against float32 ones in tests/kernels/test_int8_matmul.py
         assert relative_error(compiled, spec) <= ROUNDING_MULTIPLE * max(relative_error(spec, truth), ULP_FLOOR)
 
 

@@ -1,4 +1,4 @@
-"""Hostile model files are loaded or refused, never a crash, a memory blow-up or a hang (tests/fuzz_loaders.py).
+"""Hostile model files are loaded or refused, never a crash, a memory blow-up or a hang (tests/helpers/fuzz_loaders.py).
 
 A few dozen cases of each kind run here; ``python benchmarks/fuzz_loaders.py`` runs
 thousands and reports them (docs/robustness.md).

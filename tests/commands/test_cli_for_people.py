@@ -1,8 +1,8 @@
 """What a person meets first: flags checked in their own names, the stats line, the chat's commands, models.
 
 Each case of issue 19's "Why" is tried through the real entry point (``python -m
-refllm``) on the tiny random model of test_cli.py, or in-process where the test
-must watch what the chat template receives.
+refllm``) on the tiny random model of tests/helpers/model_directory.py, or in-process
+where the test must watch what the chat template receives.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Each case copies a tiny checkpoint of its family (tests/data/hf, as transformers'
 ``save_pretrained`` wrote it: one tensor per expert for Mixtral, Qwen3-MoE and
 DeepSeek-V3), changes one config.json value and loads it under a cap of 200 MB of
-address space beyond the process and 2 s (``capped`` of tests/fuzz_loaders.py, which
+address space beyond the process and 2 s (``capped`` of tests/helpers/fuzz_loaders.py, which
 also reads the peak of resident memory the load added). Beside each, the unchanged
 checkpoint loads under the same caps: the caps are not what refuses.
 """

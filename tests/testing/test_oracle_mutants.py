@@ -1,4 +1,4 @@
-"""The kit catches every mutant of the gallery (tests/mutants.py) within a bounded number of cases."""
+"""The kit catches every mutant of the gallery (tests/helpers/mutants.py) within a bounded number of cases."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """refllm agrees with Hugging Face transformers on every architecture it claims.
 
-Stored fixtures (made by ``tests/hf_fixtures.py``) run without torch; the live
-comparison rebuilds the same models in transformers when it is installed.
+Stored fixtures (written by ``tests/tools/make_hf_fixtures.py``) run without torch; the live
+comparison rebuilds the same models in transformers (``tests/helpers/hf_fixtures.py``) when it is
+installed.
 """
 
 from __future__ import annotations

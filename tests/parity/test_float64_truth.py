@@ -2,7 +2,7 @@
 
 On the random-weight checkpoint of every claimed architecture (tests/data/hf),
 ``load_model(dir, dtype="float64")`` on the contiguous cache must agree with
-``tests/float64_reference.py`` (written apart, one token at a time) to 1e-9 of
+``tests/helpers/float64_reference.py`` (written apart, one token at a time) to 1e-9 of
 the largest logit: through ``prefill_all_logits``, and through ``prefill`` then
 ``decode`` one token at a time past the sliding windows (8) and the dynamic
 RoPE's 16 positions. Rounding anywhere to float32, including float32 RoPE

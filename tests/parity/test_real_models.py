@@ -1,6 +1,6 @@
 """The real GGUF models, loaded by refllm, decode as transformers decodes them.
 
-The goldens in ``tests/data/gguf`` were recorded by ``tests/make_gguf_goldens.py``
+The goldens in ``tests/data/gguf`` were recorded by ``tests/tools/make_gguf_goldens.py``
 with transformers reading the same files in float32. Both sides run the same
 dequantized weights in float32, so their logits differ only by summation order:
 the first step's logits must agree within ``FIRST_STEP_ATOL``,

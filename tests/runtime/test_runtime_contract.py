@@ -1,6 +1,6 @@
 """The runtime talks to models only through GenerativeModel: a model written apart runs under it all.
 
-``tests/independent_model.py`` shares nothing with ``DecoderModel`` but the
+``tests/helpers/independent_model.py`` shares nothing with ``DecoderModel`` but the
 contract. Under ``LLM`` (prefill, decode, decode_batch, fork, truncate,
 release), ``Engine`` (continuous batching through a small arena, with
 preemption) and the HTTP server, every logit and token must be what the model

@@ -68,7 +68,7 @@ def test_check_passes_refllm(golden, backend, capsys):
 
 
 def test_check_fails_a_mutant_with_a_per_prompt_report(golden, capsys):
-    assert refllm_cli(["golden", "check", str(golden), "--backend", "tests.mutants:interleaved_rope"]) == 1
+    assert refllm_cli(["golden", "check", str(golden), "--backend", "tests.helpers.mutants:interleaved_rope"]) == 1
     out = capsys.readouterr().out
     assert "prompt 0 (12 tokens) FAIL: logits differ" in out
     assert "hidden states first diverge at the output of layer 0" in out

@@ -88,7 +88,7 @@ def test_a_failure_shrinks_and_names_the_first_divergent_layer_and_a_repro(capsy
     argv = repro.split(" ", 4)  # python -m refllm.testing.repro --backend SPEC 'CASE'
     assert argv[:4] == ["python", "-m", "refllm.testing.repro", "--backend"]
     spec, case = argv[4].split(" ", 1)
-    assert spec == "tests.mutants:rope_base_off"
+    assert spec == "tests.helpers.mutants:rope_base_off"
     assert repro_main(["--backend", spec, case.strip("'")]) == 1
     assert "fails on backend 'RopeBaseOff'" in capsys.readouterr().out
     assert repro_main(["--backend", "refllm.testing.factories:refllm_paged", case.strip("'")]) == 0
@@ -250,7 +250,7 @@ def test_checkpoint_in_memory_and_as_safetensors_are_the_same_model(checkpoint):
 
 def test_pytest_plugin_runs_the_suite_and_explains_failures():
     command = [sys.executable, "-m", "pytest", "-p", "refllm.testing.plugin", "-p", "no:cacheprovider", "-q"]
-    command += ["--refllm-backend", "tests.mutants:truncate_forgets_to_free", "--refllm-examples", "4"]
+    command += ["--refllm-backend", "tests.helpers.mutants:truncate_forgets_to_free", "--refllm-examples", "4"]
     command += ["--refllm-seed", "0", "--refllm-threads", "1", "--refllm-arch", "llama,qwen3"]
     result = subprocess.run(
         command, cwd=ROOT, capture_output=True, text=True, env=os.environ | {"PYTHONPATH": str(ROOT)}

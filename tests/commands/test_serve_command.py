@@ -1,7 +1,7 @@
 """``refllm serve`` as a person runs it: one line for every start-up failure, then a server that says what it serves.
 
 The server runs as ``python -m refllm serve`` over the tiny random model of
-test_cli.py and is driven over HTTP by the official openai client.
+tests/helpers/model_directory.py and is driven over HTTP by the official openai client.
 """
 
 from __future__ import annotations
