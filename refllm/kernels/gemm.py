@@ -16,10 +16,13 @@ So no constant decides. The first time a shape (rows, columns, a power-of-two
 bucket of the tokens) meets this process, both run it on
 its own operands, in the forward pass where it will run (so that Numba's spinning
 workers and BLAS's meet as they will), ``MEASURE_ROUNDS`` times each in turns,
-and the faster is kept: in memory, and, for products of PERSIST_MIN_MACS multiply-adds or
-more (a real model's, not a test's toy shapes), on disk in ``$REFLLM_HOME/kernel_choices.json``
+and the faster is kept, in memory and on disk in ``$REFLLM_HOME/kernel_choices.json``
 under this machine's key (``refllm.machine.machine_key``), so later processes on the
-same machine skip the measurement. The result of the call is the chosen kernel's.
+same machine skip the measurement and round the shape the same way. The result of the
+call is the chosen kernel's. Products under MEASURE_MIN_MACS multiply-adds (a test's toy
+shapes, not a real model's) take the tile unmeasured: a choice made afresh in each process
+would let two processes, a cluster job's workers and the single-process run, round the
+same input differently.
 
 The threads: BLAS runs on as many threads as Numba's pool has for this pass
 (``refllm/kernels/threads.py``), and only inside the product; around it, one.
@@ -48,7 +51,7 @@ from refllm.machine import machine_key, refllm_home
 
 GEMM_TOKENS = 16  # tokens from which a product is arithmetic-bound: a prompt chunk, not a decode batch
 MEASURE_ROUNDS = 3
-PERSIST_MIN_MACS = 1 << 22
+MEASURE_MIN_MACS = 1 << 22
 CHOICES_FILE = "kernel_choices.json"
 TILE, BLAS = "tile", "blas"
 
@@ -63,6 +66,8 @@ def blas_matmul(x: np.ndarray, weights: np.ndarray) -> np.ndarray:
 
 def prompt_matmul(x: np.ndarray, weights: np.ndarray, tile) -> np.ndarray:
     """x [T, C] @ weights.T for T >= GEMM_TOKENS in ``tile`` (``dense_matmul``) or BLAS, as measured here."""
+    if x.shape[0] * weights.shape[0] * weights.shape[1] < MEASURE_MIN_MACS:
+        return tile(x, weights)
     key = _shape_key(x, weights)
     choices = _known_choices()
     if key not in choices:
@@ -88,8 +93,7 @@ def _measure(x: np.ndarray, weights: np.ndarray, tile, key: str) -> np.ndarray:
             best[name] = min(best[name], time.perf_counter() - start)
     chosen = min(best, key=best.get)
     _known_choices()[key] = chosen
-    if x.shape[0] * weights.shape[0] * weights.shape[1] >= PERSIST_MIN_MACS:
-        _save_choices()
+    _save_choices()
     return results[chosen]
 
 

@@ -35,7 +35,7 @@ def fresh_choices(tmp_path, monkeypatch):
     """No kernel choice known yet, and a home of its own to keep them in."""
     monkeypatch.setenv("REFLLM_HOME", str(tmp_path))
     monkeypatch.setattr(gemm, "_choices", None)
-    monkeypatch.setattr(gemm, "PERSIST_MIN_MACS", 0)  # the tests' small shapes are kept on disk too
+    monkeypatch.setattr(gemm, "MEASURE_MIN_MACS", 0)  # the tests' small shapes are measured too
     return tmp_path
 
 
@@ -92,11 +92,14 @@ def test_the_faster_kernel_is_measured_once_and_kept_on_disk(fresh_choices, monk
     assert calls == [faster]
 
 
-def test_a_small_products_choice_stays_in_memory(fresh_choices, monkeypatch):
-    monkeypatch.setattr(gemm, "PERSIST_MIN_MACS", 10**9)
+def test_a_small_product_takes_the_tile_unmeasured(fresh_choices, monkeypatch):
+    monkeypatch.setattr(gemm, "MEASURE_MIN_MACS", 10**9)
+    calls = []
+    monkeypatch.setattr(gemm, "blas_matmul", counting(gemm.blas_matmul, calls))
     weights, x = np.ones((3, 32), np.float32), np.ones((GEMM_TOKENS, 32), np.float32)
-    gemm.prompt_matmul(x, weights, dense_matmul)
-    assert gemm._shape_key(x, weights) in gemm._known_choices()
+    out = gemm.prompt_matmul(x, weights, counting(dense_matmul, calls))
+    np.testing.assert_array_equal(out, np.full((len(x), 3), 32.0, np.float32))
+    assert calls == ["dense_matmul"] and gemm._known_choices() == {}
     assert not (fresh_choices / gemm.CHOICES_FILE).exists()
 
 
