@@ -301,7 +301,7 @@ def test_sink_layers_run_on_both_caches_and_both_op_sets(kind):
 )
 def test_fast_ops_run_the_experts_as_the_spec_does(config_json, seed, kind):
     """The experts loop through the kernels' linear against the spec's, on drawn MoE configs: within the
-    rounding bound of tests/models/test_op_sets.py (each path's float32 error against float64 truth)."""
+    rounding bound of tests/helpers/op_sets.py (each path's float32 error against float64 truth)."""
     config = ModelConfig.from_hf(config_json)
     tensors = random_tensors(config, seed)
     tokens = np.random.default_rng(seed).integers(0, config.vocab_size, size=(1, 12))

@@ -10,7 +10,7 @@ checks, for the new tokens:
   Python as the forward pass calls them): the output and the keys and values written into the
   arena are the same bit for bit;
 - against the spec (``refllm/nn``, float32, the NumPy attention over gathered keys): within
-  float32 rounding, the bound tests/models/test_op_sets.py derives, four times the float32 spec's own
+  float32 rounding, the bound tests/helpers/op_sets.py derives, four times the float32 spec's own
   error against the same layer in float64 (truth); with int8 activations (drawn for the formats
   that have them) the fast ops are the reference, bit for bit;
 - a layer with its bias dropped is far outside that bound (the bound sees a real bug).
@@ -37,9 +37,8 @@ from refllm.kernels.rope import RopeTable
 from refllm.quant.formats import dequantize
 from refllm.quant.linear import PARALLEL_MIN_WEIGHTS, QuantizedTensor
 from refllm.testing.truth import relative_error
+from tests.helpers.op_sets import ROUNDING_MULTIPLE, ULP_FLOOR
 
-ROUNDING_MULTIPLE = 4.0  # as tests/models/test_op_sets.py
-ULP_FLOOR = 16 * 2.0**-24
 PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
 FORMATS = ("F32", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")  # those gguf-py quantizes; the kernels share one dispatch
 NORM_PLACES = {  # which of (before attention, after it, before the MLP, after it) a layer has

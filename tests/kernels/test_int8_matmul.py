@@ -35,8 +35,8 @@ from refllm.models.weights import weight_leaves
 from refllm.quant.formats import dequantize
 from refllm.quant.linear import QuantizedTensor, UnsupportedActivationsError
 from tests.helpers.paths import HF_DATA
+from tests.helpers.rounding import UNIT_ROUNDOFF
 
-UNIT_ROUNDOFF = 2.0**-24
 INT8 = sorted(INT8_FORMATS)
 
 

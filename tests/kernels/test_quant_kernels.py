@@ -36,9 +36,9 @@ from refllm.nn.linear import linear
 from refllm.quant.formats import UnsupportedFormatError, block_format, dequantize
 from refllm.quant.linear import QuantizedShapeError, QuantizedTensor
 from refllm.quant.requantize import requantize
+from tests.helpers.rounding import UNIT_ROUNDOFF
 
 SETTINGS = settings(max_examples=20, deadline=None)  # per format
-UNIT_ROUNDOFF = 2.0**-24
 
 # Byte offsets of each format's float16 fields: scales (w grows with them) and subtracted minimums.
 SCALE_FIELDS = {
