@@ -1,4 +1,4 @@
-"""Many more hostile model files than CI runs: every kind of tests/fuzz_loaders.py, N cases each.
+"""Many more hostile model files than CI runs: every kind of tests/helpers/fuzz_loaders.py, N cases each.
 
 Each case loads a mutated tiny model under the suite's caps (512 MB of address space
 beyond the process, 10 s); a crash, a MemoryError or a hang stops the run with the case
@@ -17,9 +17,9 @@ import time
 import warnings
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for tests.fuzz_loaders
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for tests.helpers
 
-from tests.fuzz_loaders import Stats, cases, make_seeds, run_cases  # noqa: E402
+from tests.helpers.fuzz_loaders import Stats, cases, make_seeds, run_cases  # noqa: E402
 
 
 def main() -> None:

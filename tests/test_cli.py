@@ -8,89 +8,30 @@ against the same computation done directly through refllm's Python API.
 
 from __future__ import annotations
 
-import copy
 import io
 import json
-import os
 import re
 import signal
-import subprocess
 import sys
 from collections import Counter
-from pathlib import Path
 
 import gguf
 import numpy as np
 import pytest
-import tokenizers
-from safetensors.numpy import save_file
-from tokenizers import decoders, models, pre_tokenizers, trainers
 
 import refllm
-from refllm import CacheConfig, ModelConfig, cli
+from refllm import CacheConfig, cli
 from refllm.commands import common
 from refllm.errors import InvalidInputError
-from refllm.io.tokenizer import Tokenizer
-from refllm.models.random import random_tensors
 from refllm.quant.linear import QuantizedTensor
 from refllm.runtime.engine import Engine
 from refllm.runtime.executor import LLMExecutor
 from refllm.runtime.llm import LLM
 from refllm.runtime.perplexity import perplexity
 from refllm.runtime.sampling import SamplingParams
-from tests.real_models import SMOLLM2, real_model_or_skip
-
-ROOT = Path(__file__).resolve().parents[1]
-CHATML = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-SPECIAL_TOKENS = ["<s>", "<|im_start|>", "<|im_end|>"]
-CORPUS = [
-    "the quick brown fox jumps over the lazy dog",
-    "hello world, how are you today?",
-    "tiny models say odd things",
-]
-
-
-def write_tiny_model(path: Path, chat_template: str | None = CHATML) -> Path:
-    """A random-weight Llama directory: config.json, model.safetensors, tokenizer.json, tokenizer_config.json."""
-    backend = tokenizers.Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300, special_tokens=SPECIAL_TOKENS, initial_alphabet=alphabet, show_progress=False
-    )
-    backend.train_from_iterator(CORPUS, trainer)
-    path.mkdir(parents=True)
-    backend.save(str(path / "tokenizer.json"))
-    tokenizer_config = {"bos_token": "<s>", "eos_token": "<|im_end|>", "add_bos_token": True}
-    if chat_template is not None:
-        tokenizer_config["chat_template"] = chat_template
-    (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
-    config = dict(
-        model_type="llama",
-        vocab_size=backend.get_vocab_size(),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        rms_norm_eps=1e-5,
-        rope_theta=10_000.0,
-        bos_token_id=backend.token_to_id("<s>"),
-        eos_token_id=backend.token_to_id("<|im_end|>"),
-    )
-    (path / "config.json").write_text(json.dumps(config))
-    save_file(random_tensors(ModelConfig.from_hf(config), seed=3, std=0.3), str(path / "model.safetensors"))
-    return path
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> str:
-    return str(write_tiny_model(tmp_path_factory.mktemp("cli") / "tiny"))
+from tests.helpers.command_line import chat_messages, info_rows, refllm_process, run
+from tests.helpers.model_directory import CORPUS, write_tiny_model
+from tests.helpers.real_models import SMOLLM2, real_model_or_skip
 
 
 @pytest.fixture(scope="module")
@@ -105,24 +46,6 @@ def engine_text(model, prompt_ids: list[int], params: SamplingParams) -> str:
         return engine.generate([prompt_ids], params)[0].completions[0].text
     finally:
         engine.close()
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def chat_messages(monkeypatch) -> list[list[dict]]:
-    """Record the conversation the chat template renders at every turn."""
-    seen, render = [], Tokenizer.apply_chat_template
-
-    def spy(self, messages, *args, **kwargs):
-        seen.append(copy.deepcopy(list(messages)))
-        return render(self, messages, *args, **kwargs)
-
-    monkeypatch.setattr(Tokenizer, "apply_chat_template", spy)
-    return seen
 
 
 # ---- every command explains itself ------------------------------------------------------------------
@@ -286,18 +209,6 @@ def test_embed_prints_pooled_final_hidden_states_as_json(tiny, model, pooling, c
         np.testing.assert_allclose(row["embedding"], expected, rtol=1e-6, atol=1e-6)
 
 
-def info_rows(out: str) -> dict[str, str]:
-    """Each row of ``refllm info`` by its name; a row of several lines (the recipe) joined by "; "."""
-    rows: dict[str, str] = {}
-    for line in out.splitlines():
-        if line.startswith(" "):  # the next line of the row above
-            rows[key] += "; " + line.strip()
-        else:
-            key, value = re.match(r"(\S+(?: cache)?)\s{2,}(.*)", line).groups()
-            rows[key] = value
-    return rows
-
-
 def test_info_describes_a_hugging_face_directory(tiny, model, capsys):
     code, out, _ = run(capsys, "info", tiny, "--context", "40")
     rows = info_rows(out)
@@ -312,12 +223,12 @@ def test_info_describes_a_hugging_face_directory(tiny, model, capsys):
 
 
 def test_info_shows_experts_and_active_parameters(capsys):
-    from tests.hf_fixtures import DATA
+    from tests.helpers.paths import HF_DATA
 
-    code, out, _ = run(capsys, "info", str(DATA / "qwen3_moe"))
+    code, out, _ = run(capsys, "info", str(HF_DATA / "qwen3_moe"))
     rows = info_rows(out)
-    c = refllm.load_model(DATA / "qwen3_moe").config
-    assert code == 0 and "experts" not in info_rows(run(capsys, "info", str(DATA / "llama"))[1])
+    c = refllm.load_model(HF_DATA / "qwen3_moe").config
+    assert code == 0 and "experts" not in info_rows(run(capsys, "info", str(HF_DATA / "llama"))[1])
     assert rows["experts"] == (
         f"4 per sparse layer (2 of 3 layers), 2 per token: {c.active_parameters:,} parameters active per token"
         f" ({c.active_parameters / 1e6:.1f} M)"
@@ -326,11 +237,11 @@ def test_info_shows_experts_and_active_parameters(capsys):
 
 
 def test_info_describes_latent_attention_and_shared_experts(capsys):
-    from tests.hf_fixtures import DATA
+    from tests.helpers.paths import HF_DATA
 
-    code, out, _ = run(capsys, "info", str(DATA / "deepseek_v3"))
+    code, out, _ = run(capsys, "info", str(HF_DATA / "deepseek_v3"))
     rows = info_rows(out)
-    c = refllm.load_model(DATA / "deepseek_v3").config
+    c = refllm.load_model(HF_DATA / "deepseek_v3").config
     assert code == 0
     assert rows["architecture"] == "deepseek_v3: 3 layers, hidden size 64"
     assert "attention: latent, 4 heads, KV rank 16, query rank 24, key dims 8 + 8 RoPE, value dims 12" in rows["recipe"]
@@ -344,7 +255,7 @@ def test_info_describes_latent_attention_and_shared_experts(capsys):
 
 
 def test_info_counts_the_tensor_types_of_a_gguf_file(tmp_path, capsys):
-    from tests.test_gguf_source import convert
+    from tests.helpers.gguf_convert import convert
 
     path = convert("llama", tmp_path / "llama.gguf", "Q8_0")
     types = Counter(t.tensor_type.name for t in gguf.GGUFReader(path).tensors)
@@ -360,7 +271,7 @@ def test_info_counts_the_tensor_types_of_a_gguf_file(tmp_path, capsys):
 
 
 def test_a_quantized_load_keeps_the_matrices_of_a_gguf_file_in_their_blocks(tmp_path):
-    from tests.test_gguf_source import convert
+    from tests.helpers.gguf_convert import convert
 
     path = str(convert("llama", tmp_path / "llama.gguf", "Q8_0"))
     assert isinstance(common.load(path, text=False, quantized=True).weights.layers[0].attention.q_proj, QuantizedTensor)
@@ -427,13 +338,6 @@ def test_a_model_too_large_for_memory_is_refused_before_loading(tiny, monkeypatc
 def test_debug_after_the_command_raises_instead(tiny):
     with pytest.raises(ValueError, match="is longer than"):
         cli.main(["info", tiny, "--context", "100000", "--debug"])
-
-
-def refllm_process(*argv: str, stdin: str = "", home: Path | None = None) -> subprocess.CompletedProcess:
-    """``python -m refllm ARGV``, the real entry point; ``home``: its $REFLLM_HOME."""
-    command = [sys.executable, "-m", "refllm", *argv]
-    env = os.environ | ({"REFLLM_HOME": str(home)} if home is not None else {})
-    return subprocess.run(command, input=stdin, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
 
 
 def test_a_bad_flag_value_is_one_line_without_traceback():

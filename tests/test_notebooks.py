@@ -26,9 +26,10 @@ pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 pytest.importorskip("matplotlib")
 
-from tests.real_models import SMOLLM2, real_model_or_skip  # noqa: E402
+from tests.helpers.paths import ROOT
+from tests.helpers.real_models import SMOLLM2, real_model_or_skip
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS = ROOT / "notebooks"
 REAL_MODEL = {"04_sampling_and_speculative.ipynb", "05_chat_smollm2.ipynb"}
 PROBE = "import sys; print(sys.prefix)"
 

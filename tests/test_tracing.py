@@ -15,7 +15,7 @@ from refllm.kv import CacheConfig
 from refllm.nn.attention import attention, attention_weights
 from refllm.nn.moe import softmax_then_topk
 from refllm.tracing import FINAL, compare, trace
-from tests.hf_fixtures import DATA
+from tests.helpers.paths import HF_DATA
 
 IDS = [1, 5, 9, 3, 7, 2, 11]
 FAMILIES = ["llama", "gemma2", "olmo2", "phi3", "smollm3", "mixtral", "gpt_oss", "deepseek_v3"]
@@ -28,7 +28,7 @@ def spec_logits(model, ids):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_trace_is_the_forward_pass_of_the_spec_ops_layer_by_layer(family):
-    model = refllm.load_model(DATA / family, reference=True)
+    model = refllm.load_model(HF_DATA / family, reference=True)
     traced = trace(model, IDS)
     np.testing.assert_array_equal(traced.logits, spec_logits(model, IDS))  # the same ops, in the same order
     assert [layer.index for layer in traced.layers] == list(range(model.config.num_hidden_layers))
@@ -46,7 +46,7 @@ def test_a_trace_is_the_forward_pass_of_the_spec_ops_layer_by_layer(family):
 
 
 def test_the_attention_map_is_the_one_the_recorded_queries_and_keys_give():
-    model = refllm.load_model(DATA / "qwen2-sliding", reference=True)
+    model = refllm.load_model(HF_DATA / "qwen2-sliding", reference=True)
     c = model.config
     traced = trace(model, IDS)
     layer = traced.layers[1]
@@ -63,7 +63,7 @@ def test_the_attention_map_is_the_one_the_recorded_queries_and_keys_give():
 
 
 def test_routes_are_the_routing_of_the_recorded_router_logits():
-    model = refllm.load_model(DATA / "qwen3_moe", reference=True)
+    model = refllm.load_model(HF_DATA / "qwen3_moe", reference=True)
     traced = trace(model, IDS)
     sparse = [layer for layer in traced.layers if model.config.is_sparse(layer.index)]
     assert sparse and all(layer.experts is not None for layer in sparse)
@@ -76,7 +76,7 @@ def test_routes_are_the_routing_of_the_recorded_router_logits():
 
 
 def test_the_logit_lens_is_each_layers_residual_through_the_final_norm_and_head():
-    model = refllm.load_model(DATA / "llama", reference=True)
+    model = refllm.load_model(HF_DATA / "llama", reference=True)
     traced = trace(model, IDS)
     ids, probs = traced.logit_lens(top=3, positions=[2, 6])
     assert ids.shape == probs.shape == (model.config.num_hidden_layers, 2, 3)
@@ -94,7 +94,7 @@ def test_the_logit_lens_is_each_layers_residual_through_the_final_norm_and_head(
 
 
 def test_a_quantized_model_is_traced_through_its_dequantized_blocks_and_left_as_it_was(tmp_path):
-    from tests.test_gguf_source import convert
+    from tests.helpers.gguf_convert import convert
 
     path = convert("llama", tmp_path / "llama.gguf", "Q8_0")
     quantized = refllm.load_model(path, quantized=True)
@@ -106,12 +106,12 @@ def test_a_quantized_model_is_traced_through_its_dequantized_blocks_and_left_as_
 
 
 def test_compare_finds_where_float32_parts_from_float64():
-    truth = trace(refllm.load_model(DATA / "llama", dtype="float64"), IDS)
-    single = trace(refllm.load_model(DATA / "llama", reference=True), IDS)
+    truth = trace(refllm.load_model(HF_DATA / "llama", dtype="float64"), IDS)
+    single = trace(refllm.load_model(HF_DATA / "llama", reference=True), IDS)
     errors = compare(single, truth)
     assert len(errors) == len(truth.ops) and all(0 <= e < 1e-5 for _, e in errors)
     assert max(errors, key=lambda pair: pair[1])[1] > 0  # float32 rounds somewhere
     with pytest.raises(ValueError, match="different ops"):
-        compare(single, trace(refllm.load_model(DATA / "gemma2", reference=True), IDS))
+        compare(single, trace(refllm.load_model(HF_DATA / "gemma2", reference=True), IDS))
     with pytest.raises(ValueError, match="non-empty"):
-        trace(refllm.load_model(DATA / "llama", reference=True), [])
+        trace(refllm.load_model(HF_DATA / "llama", reference=True), [])

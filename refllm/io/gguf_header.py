@@ -17,7 +17,7 @@ over a million small objects, seconds of parsing and hundreds of MB that, freed,
 allocator's arenas fragmented by whatever was allocated meanwhile. refllm needs the values,
 not views: this reader makes one Python object per value (numeric arrays come out whole,
 through ``np.frombuffer``) and gives the same values as the reader's ``contents()``
-(tests/test_gguf_header.py holds them to it on every file the tests write).
+(tests/io/test_gguf_header.py holds them to it on every file the tests write).
 """
 
 from __future__ import annotations

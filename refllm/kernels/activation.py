@@ -1,6 +1,6 @@
 """The MLP's gated activation, act(gate) * up, in one pass: no NumPy temporaries.
 
-NumPy twin: ``refllm.nn.mlp.gated`` (tests/test_activation_kernel.py).
+NumPy twin: ``refllm.nn.mlp.gated`` (tests/kernels/test_activation_kernel.py).
 
 Both activations are the gate times a sigmoid,
 
@@ -10,7 +10,7 @@ Both activations are the gate times a sigmoid,
 and sigmoid(k) = 1 / (1 + e) for k >= 0, e / (1 + e) below, with e = exp(-|k|) from the
 polynomial the attention kernels use (``exp_nonpositive``: 2e-7 relative, down to exp(-87)), so
 the loop runs in vector lanes where NumPy makes five passes and four temporaries.
-Agreement with the spec, derived in tests/test_activation_kernel.py: 8 float32 ulps, plus
+Agreement with the spec, derived in tests/kernels/test_activation_kernel.py: 8 float32 ulps, plus
 |g up| 2^-125 where the spec's sigmoid underflows (|k| > 87), plus for GELU-tanh
 |g up| 2^-24, the spec's own rounding of tanh(z) next to -1 before it adds 1.
 SmolLM2's decode: about 1 us a layer against 4; a 256-token prompt: 130 us against 290.

@@ -8,7 +8,7 @@ one int32 array [B, max blocks]; entries past a sequence's last block are
 never read.
 
 Every kernel computes what ``refllm.nn.attention.attention`` computes (the
-NumPy twin, property-tested against it in tests/test_attention_kernels.py),
+NumPy twin, property-tested against it in tests/kernels/test_attention_kernels.py),
 except that keys are read in place from their blocks and the softmax is
 streamed: chunk by chunk, a running maximum and denominator are kept and the
 output accumulator is rescaled whenever the maximum grows, so the scores are

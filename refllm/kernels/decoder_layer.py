@@ -5,7 +5,7 @@ to Python between them.
 Spec: the layer as ``refllm/nn`` composes it (``residual.residual_block`` around attention and
 around the gated MLP); its fast twin is the same layer run op by op through the fast op set
 (``refllm/models/ops.py``). Both are property-tested against this call in
-tests/test_decoder_layer.py: against the fast ops bit for bit (every step here is the same
+tests/kernels/test_decoder_layer.py: against the fast ops bit for bit (every step here is the same
 kernel in the same order: ``norm.py``, ``dense_matmul.py`` or ``quant_matmul.py``, ``rope.py``,
 ``attention.py``, ``activation.py``), against the spec within float32 rounding.
 

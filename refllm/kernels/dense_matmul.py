@@ -1,6 +1,6 @@
 """x @ W.T for float32 weights, parallel over weight rows: the forward pass's dense projections.
 
-NumPy twin: ``refllm.nn.linear.linear``, ``x @ W.T`` (tests/test_dense_matmul.py).
+NumPy twin: ``refllm.nn.linear.linear``, ``x @ W.T`` (tests/kernels/test_dense_matmul.py).
 
 Decoding streams every weight matrix from memory once per step, whatever the
 batch. With BLAS on one thread (refllm/kernels/threads.py), OpenBLAS's sgemm

@@ -14,7 +14,7 @@ where the integer sums are exact (``int8_intrinsics.dot_u8s8``: ``vpdpbusd`` wit
 VNNI or AVX-VNNI, ``vpmaddubsw`` otherwise). So the product is the dequantized weights times
 the quantized activations, to float32 rounding, and only the quantization of x departs from
 the float32 path: each x_i moves by at most d_g / 2, so a result moves by at most
-sum_i |w_i| d_g(i) / 2 plus float32 rounding. tests/test_int8_matmul.py checks the integers
+sum_i |w_i| d_g(i) / 2 plus float32 rounding. tests/kernels/test_int8_matmul.py checks the integers
 against NumPy exactly and the results against that bound. Formats: Q4_0 (q_w = nibble - 8,
 the 8 taken off through the precomputed sums of q), Q4_1 (offset c = m), Q8_0 (q_w int8,
 multiplied as |q_w| and sign(q_w) q). The other formats keep float32 activations.
@@ -66,7 +66,7 @@ def quantize_activations(x: np.ndarray) -> tuple:
     minus_eight_quads [T, C / 4 + 16] int32: -8 times each four q's sum, sums [T, G + 1] float32: d_g (sum q));
     the last d and sum are 0.
 
-    NumPy twin: tests/test_int8_matmul.py (bit for bit)."""
+    NumPy twin: tests/kernels/test_int8_matmul.py (bit for bit)."""
     tokens, cols = x.shape
     blocks = cols // BLOCK
     q = np.zeros((tokens, cols + PAD), np.int8)

@@ -1,6 +1,6 @@
 """Latent attention with kv_b_proj absorbed into the query and the output: the fast op set's twin of the spec.
 
-NumPy twin: ``refllm.nn.latent_attention.latent_attention`` (tests/test_deepseek.py), whose
+NumPy twin: ``refllm.nn.latent_attention.latent_attention`` (tests/families/test_deepseek.py), whose
 docstring derives the absorption. Instead of expanding every cached latent into H keys and
 values at every step, the query moves into the latent space and the value projection comes
 after the weighted sum: multi-query attention over the cached latents themselves. Plain

@@ -1,6 +1,6 @@
 """RMSNorm in one pass per row: the forward pass's norms without NumPy's per-call overhead.
 
-NumPy twin: ``refllm.nn.norm.rms_norm`` (tests/test_norm_rope_kernels.py).
+NumPy twin: ``refllm.nn.norm.rms_norm`` (tests/kernels/test_norm_rope_kernels.py).
 
     rms_norm(x) = x / sqrt(mean(x^2) + eps) * (offset + w)
 

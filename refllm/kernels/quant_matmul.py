@@ -28,7 +28,7 @@ says why). Only the products (``SUM_FASTMATH``) round differently from NumPy's
 kernel inlines every lane from those modules: ``compile_cache.py`` keys Numba's
 cache to all of this package's sources, so a change to any of them recompiles.
 
-Vectorisation is asserted on the optimised LLVM IR by tests/test_quant_kernels.py.
+Vectorisation is asserted on the optimised LLVM IR by tests/kernels/test_quant_kernels.py.
 On this project's AVX-512 machine ``inspect_asm`` shows ``_tile4x4``'s loop as
 sixteen zmm vfmadd231ps accumulators; the decode products are vectors by construction.
 

@@ -1,7 +1,7 @@
 """Rotary position embedding in one pass, and its angles kept in a table.
 
 NumPy twins: ``refllm.nn.rope.apply_rope`` and ``refllm.nn.rope.rope_cos_sin``
-(tests/test_norm_rope_kernels.py).
+(tests/kernels/test_norm_rope_kernels.py).
 
 For each head, dimensions i and i + R/2 (i < R/2) rotate together:
 
@@ -54,7 +54,7 @@ class RopeTable:
     """cos/sin for positions [0, n), computed once and grown on demand: ``rope_cos_sin``'s twin, the fast op set's.
 
     The same elementwise float operations on the same numbers as the spec's, once per position instead
-    of once per layer and step (tests/test_norm_rope_kernels.py). Dynamic NTK scaling depends on the
+    of once per layer and step (tests/kernels/test_norm_rope_kernels.py). Dynamic NTK scaling depends on the
     sequence length, so past ``max_position_embeddings`` its angles are recomputed for each forward
     pass, as the spec does.
     """

@@ -10,7 +10,7 @@ they cost the same time and leave the peak to the weights.
 
 ``load_pass_kernels`` runs once per process, from ``threads.computing``. Types
 must match the pass's own calls exactly (dtype, dimensions, layout, writability):
-tests/test_compiler_memory.py runs a quantized model's prompt and decode steps after
+tests/kernels/test_compiler_memory.py runs a quantized model's prompt and decode steps after
 it and asserts that nothing more is loaded.
 """
 

@@ -9,7 +9,7 @@ cache (``KVCache.run_layer``): a float32 paged arena runs it for steps of fewer 
 ``FUSED_TOKENS`` new tokens a sequence without images (decode steps, batches of them,
 speculative verification), and every other case runs the same layer op by op
 (``DecoderLayer``). The compiled layer calls the fast op set's kernels in the fast op set's
-order, so the two give the same numbers bit for bit (tests/test_fused_layer.py).
+order, so the two give the same numbers bit for bit (tests/models/test_fused_layer.py).
 
 ``fused_layer`` builds one where the recipe has what the compiled layer computes: grouped-query
 attention without sinks, RMSNorms before, around or after the sublayers, a dense gated MLP

@@ -58,7 +58,7 @@ def patch_position_ids(patch_mask: np.ndarray, grid_side: int) -> np.ndarray:
     A full S x S mask gives 0 .. S*S - 1 in order. (transformers computes the same cells with float32
     fractions and ``torch.bucketize``, which for a few grid sides, S = 19 the smallest, rounds a fraction
     i / nh that equals a cell boundary down into the cell before; no released tower's grid is among them:
-    tests/test_vision_spec.py lists them.)"""
+    tests/nn/test_vision_spec.py lists them.)"""
     N, Gh, Gw = patch_mask.shape
     rows = patch_mask[:, :, 0].sum(axis=1)  # [N] nh: rows of real patches
     cols = patch_mask[:, 0, :].sum(axis=1)  # [N] nw

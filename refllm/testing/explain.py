@@ -9,7 +9,7 @@ A failing property becomes a report like
       input:  {"tokens": [3, 4]}
       layers: prefilling those 2 tokens in one shot, hidden states match the reference through the
               embeddings and first diverge at the output of layer 0 (max |Δ| 6.76e-05 at position 1)
-      repro:  python -m refllm.testing.repro --backend tests.mutants:rope_base_off '{"property":"logits",...}'
+      repro:  python -m refllm.testing.repro --backend tests.helpers.mutants:rope_base_off '{"property":"logits",...}'
 
 Under hypothesis the report printed is the one of the smallest case found.
 """

@@ -1,7 +1,7 @@
 """Cohere's Command-R (refllm/families/cohere.py): each of its mechanisms matters, its config is read and refused.
 
 Parity with transformers and float64 truth on the ``cohere`` and ``cohere-no-qk-norm`` fixtures run with
-every other family's (tests/test_hf_parity.py, tests/test_float64_truth.py).
+every other family's (tests/parity/test_hf_parity.py, tests/parity/test_float64_truth.py).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import refllm
 from refllm.config import ConfigError, ModelConfig
 from refllm.models.decoder import DecoderModel
 from refllm.recipe import NormKind, NormPlacement, QKNorm
-from tests.hf_fixtures import DATA
-from tests.test_hf_parity import ATOL, RTOL, all_logits
+from tests.helpers.parity import ATOL, RTOL, all_logits
+from tests.helpers.paths import HF_DATA
 
-FIXTURE = DATA / "cohere"
+FIXTURE = HF_DATA / "cohere"
 
 
 def config_json() -> dict:

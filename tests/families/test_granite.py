@@ -1,7 +1,7 @@
 """IBM Granite 3 (refllm/families/granite.py): its four multipliers read, each one mattering, bad ones refused.
 
 Parity with transformers and float64 truth on the ``granite`` fixture run with every other
-family's (tests/test_hf_parity.py, tests/test_float64_truth.py).
+family's (tests/parity/test_hf_parity.py, tests/parity/test_float64_truth.py).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import pytest
 import refllm
 from refllm.config import ConfigError, ModelConfig
 from refllm.models.decoder import DecoderModel
-from tests.hf_fixtures import DATA
-from tests.test_hf_parity import ATOL, RTOL, all_logits
+from tests.helpers.parity import ATOL, RTOL, all_logits
+from tests.helpers.paths import HF_DATA
 
-FIXTURE = DATA / "granite"
+FIXTURE = HF_DATA / "granite"
 
 
 def config_json() -> dict:

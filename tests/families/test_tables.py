@@ -14,9 +14,9 @@ from refllm.families.tables import NORM_ROLES, is_routed_expert
 from refllm.io.safetensors import HFDirectorySource
 from refllm.models.weights import canonical_name
 from refllm.testing.configs import ARCHITECTURES, tiny_config_json
-from tests.hf_fixtures import DATA
+from tests.helpers.paths import HF_DATA
 
-FIXTURES = sorted(path.name for path in DATA.iterdir() if (path / "config.json").exists())
+FIXTURES = sorted(path.name for path in HF_DATA.iterdir() if (path / "config.json").exists())
 
 
 @pytest.mark.parametrize("model_type", ARCHITECTURES)
@@ -31,7 +31,7 @@ def test_every_layer_holds_the_norms_its_placement_places(model_type):
 
 @pytest.mark.parametrize("fixture", FIXTURES)
 def test_the_table_is_the_checkpoints_names_and_shapes(fixture):
-    source = HFDirectorySource(DATA / fixture)
+    source = HFDirectorySource(HF_DATA / fixture)
     table = {tensor.name: tensor.shape for tensor in checkpoint_tensors(source.config)}
     held = {canonical_name(name): tuple(source.tensor(name).shape) for name in source.tensor_names()}
     held.pop(None, None)  # a vision-language checkpoint's tower and connector: not the text model's table

@@ -16,7 +16,7 @@ tests/data/hf and the real SmolLM2 GGUF file when $REFLLM_HOME holds it):
   decode step each;
 - in float32 on the paged arena (the fast ops), the same two;
 - for a GGUF file, the same with its quantized blocks kept (``quantized=True``);
-- for a vision-language fixture (tests/hf_vision_fixtures.py), each stored scenario's
+- for a vision-language fixture (tests/helpers/hf_vision_fixtures.py), each stored scenario's
   prompt with its images, in float64 on the contiguous cache and float32 on the paged arena.
 
 ``compare`` says, per model and run, whether the float64 logits are bit-identical
@@ -39,8 +39,8 @@ sys.path.insert(0, str(ROOT))
 
 import refllm  # noqa: E402
 from refllm.kv import CacheConfig  # noqa: E402
+from tests.helpers.paths import HF_DATA  # noqa: E402
 
-FIXTURES = ROOT / "tests" / "data" / "hf"
 PROMPT, TOTAL = 12, 26  # a 12-token prompt, then 14 decode steps (fewer where the context is shorter)
 QUANTIZED_COPY = "qwen3"  # the fixture also written with Q8_0 blocks
 
@@ -54,9 +54,9 @@ def prepare(inputs: Path) -> None:
         directory = inputs / f"kit-{arch}"
         if not (directory / "config.json").exists():
             Checkpoint.random(tiny_config_json(arch), seed=0).save(directory)
-    from tests.test_gguf_source import GGUF_ARCHITECTURES, convert
+    from tests.helpers.gguf_convert import GGUF_ARCHITECTURES, convert
 
-    for fixture in sorted(FIXTURES.iterdir()):
+    for fixture in sorted(HF_DATA.iterdir()):
         if fixture.name in vision_scenarios():
             continue  # llama.cpp's converter writes no GGUF file of a vision-language checkpoint here
         config = refllm.load_model(fixture).config
@@ -72,7 +72,7 @@ def prepare(inputs: Path) -> None:
 def vision_scenarios() -> dict[str, list[str]]:
     """The vision-language fixtures and their scenarios, where the repository has them."""
     try:
-        from tests.hf_vision_fixtures import SCENARIOS
+        from tests.helpers.hf_vision_fixtures import SCENARIOS
     except ImportError:
         return {}
     return {case: list(scenarios) for case, scenarios in SCENARIOS.items()}
@@ -81,9 +81,9 @@ def vision_scenarios() -> dict[str, list[str]]:
 def models(inputs: Path) -> dict[str, Path]:
     vision = vision_scenarios()
     found = {
-        f"hf-{p.name}": p for p in sorted(FIXTURES.iterdir()) if (p / "config.json").exists() and p.name not in vision
+        f"hf-{p.name}": p for p in sorted(HF_DATA.iterdir()) if (p / "config.json").exists() and p.name not in vision
     }
-    from refllm.testing.configs import ARCHITECTURES  # of the commit that runs: kit inputs of others are skipped
+    from refllm.testing.configs import ARCHITECTURES
 
     found |= {f"kit-{arch}": inputs / f"kit-{arch}" for arch in ARCHITECTURES}
     found |= {p.name: p for p in sorted(inputs.iterdir()) if p.suffix == ".gguf"}
@@ -136,7 +136,7 @@ def run(inputs: Path, out: Path) -> None:
     for case, scenarios in vision_scenarios().items():
         for scenario in scenarios:
             for dtype, kind in (("float64", "contiguous"), ("float32", "paged")):
-                arrays[f"vision-{case}-{scenario}/{dtype}/all"] = vision_logits(FIXTURES / case, scenario, dtype, kind)
+                arrays[f"vision-{case}-{scenario}/{dtype}/all"] = vision_logits(HF_DATA / case, scenario, dtype, kind)
         print(f"vision-{case}: done", flush=True)
     np.savez_compressed(out, **arrays)
     print(f"{len(arrays)} arrays -> {out}")
