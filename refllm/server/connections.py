@@ -153,19 +153,24 @@ ACCESS_LOG_FILTER = NoQueryStrings()
 
 
 class GuardedServer(uvicorn.Server):
-    """A uvicorn server whose event loop logs a failed accept (out of open files, say) as one line, not a traceback."""
+    """A uvicorn server whose event loop logs a failed accept (out of open files, say) as one line, not a traceback.
+
+    After such a failure asyncio stops accepting and resumes a second later; when the server
+    closes in between, the resumed accept finds its socket closed (a ``ValueError``), which
+    is also one line, as the server is shutting down anyway."""
 
     async def serve(self, sockets: Any = None) -> None:
-        asyncio.get_running_loop().set_exception_handler(_one_line_for_os_errors)
+        asyncio.get_running_loop().set_exception_handler(self._one_line_for_os_errors)
         await super().serve(sockets)
 
-
-def _one_line_for_os_errors(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-    error = context.get("exception")
-    if isinstance(error, OSError):
-        logger.warning("%s: %s", context.get("message", "a connection failed"), error)
-    else:
-        loop.default_exception_handler(context)
+    def _one_line_for_os_errors(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        error = context.get("exception")
+        if isinstance(error, OSError):
+            logger.warning("%s: %s", context.get("message", "a connection failed"), error)
+        elif isinstance(error, ValueError) and self.should_exit:
+            logger.info("stopped accepting connections while shutting down: %s", error)
+        else:
+            loop.default_exception_handler(context)
 
 
 def server_config(app: Any, host: str, port: int, **options: Any) -> uvicorn.Config:

@@ -9,8 +9,10 @@ tests/server/conftest.py, with short timeouts so the tests stay short.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
+import logging
 import os
 import resource
 import socket
@@ -27,6 +29,7 @@ import pytest
 
 from refllm.commands.serve import add_cli
 from refllm.server import BackgroundServer, create_app
+from refllm.server.connections import GuardedServer, server_config
 from refllm.server.guard import hosts_for
 from refllm.server.limits import ServerLimits
 from tests.helpers.model_directory import write_tiny_model
@@ -380,3 +383,25 @@ def test_a_request_that_is_not_http_or_has_a_huge_head_gets_an_openai_error(serv
         head, _, body = answer.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 400") and json.loads(body)["error"]["type"] == "invalid_request_error"
     assert not tracebacks(server_log)
+
+
+def test_an_accept_resumed_on_the_closed_socket_at_shutdown_is_one_line(caplog, monkeypatch):
+    """asyncio resumes accepting a second after running out of files; if the server closed meanwhile, one line."""
+    server = GuardedServer(server_config(None, "127.0.0.1", 0))  # never started: only its exception handler runs
+    monkeypatch.setattr(logging.getLogger("uvicorn.error"), "handlers", [caplog.handler])  # uvicorn's prints
+    loop = asyncio.new_event_loop()
+    closed_socket = {"message": "Exception in callback", "exception": ValueError("Invalid file descriptor: -1")}
+    try:
+        server.should_exit = True
+        with caplog.at_level(logging.INFO):
+            server._one_line_for_os_errors(loop, closed_socket)
+        assert [r.getMessage() for r in caplog.records] == [
+            "stopped accepting connections while shutting down: Invalid file descriptor: -1"
+        ]
+        caplog.clear()
+        server.should_exit = False  # while serving, the same error is a bug: asyncio's report, with its traceback
+        with caplog.at_level(logging.INFO):
+            server._one_line_for_os_errors(loop, closed_socket)
+        assert caplog.records and caplog.records[0].name == "asyncio" and caplog.records[0].exc_info
+    finally:
+        loop.close()
