@@ -81,22 +81,26 @@ VARYING = re.compile(r"\d+(?:\.\d+)?\s*(?:tokens/s|ms|µs|s)\b|0x[0-9a-f]{6,}")
 
 
 def shown(notebook: nbformat.NotebookNode) -> list[tuple[str, list[str]]]:
-    """What each code cell showed: (id, its outputs as text, with VARYING masked and a picture as its
-    kind), to compare a notebook's saved outputs with a fresh run's."""
+    """What each code cell showed: (id, its outputs as text, with VARYING masked, a picture as its
+    kind and consecutive pieces of one stream joined), to compare a notebook's saved outputs with a fresh run's."""
     cells = []
     for cell in notebook.cells:
         if cell.cell_type != "code":
             continue
-        outputs = []
+        outputs, previous_stream = [], None
         for output in cell.get("outputs", []):
-            if output.output_type == "stream":
-                outputs.append(f"{output.name}: {output.text}")
+            stream = output.name if output.output_type == "stream" else None
+            if stream is not None and stream == previous_stream:
+                outputs[-1] += output.text  # one stream, split where the kernel happened to flush it
+            elif stream is not None:
+                outputs.append(f"{stream}: {output.text}")
             elif output.output_type == "error":
                 outputs.append(f"error: {output.ename}: {output.evalue}")
             else:
                 data = output.get("data", {})
                 outputs.append(next((f"<{kind}>" for kind in ("image/png", "image/svg+xml") if kind in data), None)
                                or data.get("text/plain", ""))  # fmt: skip
+            previous_stream = stream
         cells.append((cell.get("id", ""), [VARYING.sub("<varies>", text) for text in outputs]))
     return cells
 

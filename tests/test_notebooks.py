@@ -74,6 +74,11 @@ def test_a_stale_output_is_caught_and_a_timing_is_not():
     assert [d.split(":")[0] for d in BUILDER.output_differences(saved, ran("answer 42\n", "done in 1.5 s\n"))] == [
         "cell-01"
     ]  # a picture gone, a line changed
+    split = ran("answer 42\n", "done in 1.5 s, 31.2 tokens/s\n", picture=True)
+    split.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text=t) for t in ("answer ", "42\n")]
+    assert BUILDER.output_differences(saved, split) == []  # one stream, flushed in two pieces
+    split.cells[0].outputs[1].text = "43\n"
+    assert [d.split(":")[0] for d in BUILDER.output_differences(saved, split)] == ["cell-00"]
     committed = nbformat.read(NOTEBOOKS / "01_forward_pass.ipynb", as_version=4)
     edited = nbformat.from_dict(json.loads(json.dumps(committed)))
     cell = next(c for c in edited.cells if c.cell_type == "code" and any(o.output_type == "stream" for o in c.outputs))
