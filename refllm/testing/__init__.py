@@ -19,7 +19,16 @@ The modules, bottom up: ``tolerances`` (profiles), ``configs`` (tiny
 runner need hypothesis, ``hf`` needs torch and transformers.
 """
 
-from refllm.testing.backends import Backend, CallableBackend, LLMBackend, ModelBackend, as_backend, refllm_layer_states
+from refllm.testing.backends import (
+    SUBLAYER_POINTS,
+    Backend,
+    CallableBackend,
+    LLMBackend,
+    ModelBackend,
+    as_backend,
+    refllm_layer_states,
+    refllm_sublayer_states,
+)
 from refllm.testing.checkpoint import Checkpoint
 from refllm.testing.checks import (
     check,
@@ -56,6 +65,7 @@ def __getattr__(name: str):
 __all__ = [
     "PROFILES",
     "PROPERTIES",
+    "SUBLAYER_POINTS",
     "Backend",
     "CallableBackend",
     "Checkpoint",
@@ -92,6 +102,7 @@ __all__ = [
     "refllm_layer_states",
     "refllm_llm",
     "refllm_paged",
+    "refllm_sublayer_states",
     "run_conformance",
     "run_properties",
 ]

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from refllm.testing.backends import Backend
+from refllm.testing.backends import SUBLAYER_POINTS, Backend
 from refllm.testing.checkpoint import Checkpoint
 from refllm.testing.factories import refllm_contiguous
 from refllm.testing.properties import PROPERTIES
@@ -87,17 +87,64 @@ def first_divergent_layer(backend: Backend, reference: Backend, tokens: list[int
     prefix = f"prefilling {subject},"
     for index, (got, want) in enumerate(zip(states, expected)):
         if not profile.close(got, want):
-            delta = np.abs(got - want)  # [T, D]
-            position = int(np.unravel_index(np.argmax(delta), delta.shape)[0])
             agreed = f"match the reference through {state_name(index - 1)} and " if index else ""
-            return (
-                f"{prefix} hidden states {agreed}first diverge at {state_name(index)}"
-                f" (max |Δ| {delta.max():.3g} at position {position})"
-            )
+            report = f"{prefix} hidden states {agreed}first diverge at {state_name(index)} ({_worst(got, want)})"
+            return report + (f"; {first_divergent_op(backend, reference, tokens, profile, index - 1)}" if index else "")
     return (
         f"{prefix} every layer matches the reference, so the difference comes after the last layer"
         " (final norm, LM head, soft-cap) or from how the property feeds the tokens (chunks, cache reuse, batching)"
     )
+
+
+# The ops between one point of SUBLAYER_POINTS and the one before it (the layer's input before the first, its
+# output after the last): the first point that diverges convicts the ops just before it.
+OPS_BEFORE = {
+    "attention input": ("the attention's input norm",),
+    "attention output": ("the attention",),
+    "MLP input": ("the attention's output norm", "the residual add after the attention", "the MLP's input norm"),
+    "MLP output": ("the MLP",),
+    "layer output": ("the MLP's output norm", "the residual add after the MLP"),
+}
+
+
+def first_divergent_op(backend: Backend, reference: Backend, tokens: list[int], profile: Tolerance, layer: int) -> str:
+    """Inside ``layer``, whose input matches the reference and whose output does not, the first op that diverges."""
+    try:
+        sublayers = backend.sublayer_states(tokens)
+    except Exception as error:  # noqa: BLE001 - a diagnosis must not hide the failure it explains
+        return f"{backend.name} could not give its layers' insides ({type(error).__name__}: {error})"
+    if sublayers is None:
+        return f"{backend.name} exposes nothing inside a layer, so the op is not named"
+    expected = reference.sublayer_states(tokens)
+    if len(sublayers) != len(expected):
+        return f"{backend.name} gave the insides of {count(len(sublayers), 'layer')}, the reference has {len(expected)}"
+    got, want = sublayers[layer], expected[layer]
+    suspects, agreed = [], "the layer's input"  # the ops since the last point both expose and agree on
+    for point in SUBLAYER_POINTS:
+        suspects += OPS_BEFORE[point]
+        if point not in got or point not in want:
+            continue
+        if np.shape(got[point]) != np.shape(want[point]):
+            return f"in layer {layer} the {point} has shape {np.shape(got[point])}, the reference's {want[point].shape}"
+        if not profile.close(got[point], want[point]):
+            return (
+                f"in layer {layer} the first op to diverge is {_either(suspects)}"
+                f" ({agreed} matches, the {point} does not: {_worst(got[point], want[point])})"
+            )
+        suspects, agreed = [], f"the {point}"
+    culprits = _either(suspects + list(OPS_BEFORE["layer output"]))
+    return f"in layer {layer} the first op to diverge is {culprits} ({agreed} matches, the layer's output does not)"
+
+
+def _either(names: list[str]) -> str:
+    """["a"] -> "a"; ["a", "b", "c"] -> "a, b or c"."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+def _worst(got: np.ndarray, want: np.ndarray) -> str:
+    """Where two [T, D] states differ most: "max |Δ| 0.0123 at position 3"."""
+    delta = np.abs(np.asarray(got, np.float64) - np.asarray(want, np.float64))
+    return f"max |Δ| {delta.max():.3g} at position {int(np.unravel_index(np.argmax(delta), delta.shape)[0])}"
 
 
 def _error_against_truth(backend: Backend, checkpoint: Checkpoint, tokens: list[int]) -> str:
