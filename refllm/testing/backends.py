@@ -15,6 +15,12 @@ The conformance kit calls a *factory*, ``factory(checkpoint) -> backend``, once
 per drawn model: the backend must run the weights of the ``Checkpoint`` it is
 given (``factories.py``).
 
+For failure reports a backend may expose its hidden states after every layer
+(``layer_states``) and what enters and leaves each layer's attention and MLP
+(``sublayer_states``): refllm's own models expose both (``refllm_layer_states``,
+``refllm_sublayer_states``), another model or LLM through methods
+``hidden_states(tokens)`` and ``sublayer_states(tokens)`` of its own.
+
 Shapes: ``T`` tokens, ``V`` vocabulary, ``B`` batch rows, ``L`` layers, ``D`` hidden size.
 """
 

@@ -1,17 +1,21 @@
-"""Failures that explain themselves: the model, the input, the first layer that diverges, a repro.
+"""Failures that explain themselves: the model, the input, the first layer and op that diverge, a repro.
 
 A failing property becomes a report like
 
     property 'logits' fails on backend 'RopeBaseOff' (profile float32)
       claim:  Logits at every position of a prompt match the reference.
-      what:   logits at position 1: max |Δ| 0.000266 at token id 5 (-0.0870186 vs -0.0867527; allowed ...)
-      model:  llama, 1 layer, D=16 H=2 K=1 E=4 F=16 V=32, rope theta 10000, eps 1e-06, silu, ...; random weights, seed 0
-      input:  {"tokens": [3, 4]}
-      layers: prefilling those 2 tokens in one shot, hidden states match the reference through the
-              embeddings and first diverge at the output of layer 0 (max |Δ| 6.76e-05 at position 1)
+      what:   logits at position 1: max |Δ| 0.000421 at token id 15 (-0.159447 vs -0.159868; allowed ...)
+      model:  llama, 2 layers, D=32 V=64; norms: pre-norm RMSNorm, eps 1e-06; ...; random weights, seed 0
+      input:  {"tokens": [3, 4, 9]}
+      layers: prefilling those 2 tokens in one shot, hidden states match the reference through the embeddings and
+              first diverge at the output of layer 0 (max |Δ| 0.000301 at position 1); in layer 0 the first op to
+              diverge is the attention (the attention input matches, the attention output does not: ...)
+      truth:  error against float64 truth 0.00022 of the largest logit, 2.27e+03x refllm's float32 spec (9.72e-08)
       repro:  python -m refllm.testing.repro --backend tests.helpers.mutants:rope_base_off '{"property":"logits",...}'
 
-Under hypothesis the report printed is the one of the smallest case found.
+The layer comes from the hidden states a backend exposes (``Backend.layer_states``), the op inside it from
+what enters and leaves its attention and MLP (``Backend.sublayer_states``), each compared with refllm's
+float32 spec under the profile in use. Under hypothesis the report printed is the one of the smallest case found.
 """
 
 from __future__ import annotations

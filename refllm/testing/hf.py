@@ -16,6 +16,10 @@ transformers and refllm's contract differ, the adapter bridges:
 - Dynamic NTK RoPE in transformers keeps the longest length it has seen;
   refllm scales by the longest position of the current forward pass, so
   dynamic rotary modules are restored to their initial state before every forward.
+
+For failure reports it exposes per-layer hidden states (``layer_states``) and what
+enters and leaves each decoder layer's ``self_attn`` and ``mlp`` (``sublayer_states``,
+through forward hooks), so a report names the layer and the op that diverge.
 """
 
 from __future__ import annotations
