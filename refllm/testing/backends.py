@@ -18,7 +18,7 @@ given (``factories.py``).
 For failure reports a backend may expose its hidden states after every layer
 (``layer_states``) and what enters and leaves each layer's attention and MLP
 (``sublayer_states``): refllm's own models expose both (``refllm_layer_states``,
-``refllm_sublayer_states``), another model or LLM through methods
+``refllm_sublayer_states``, ``layer_trace.py``), another model or LLM through methods
 ``hidden_states(tokens)`` and ``sublayer_states(tokens)`` of its own.
 
 Shapes: ``T`` tokens, ``V`` vocabulary, ``B`` batch rows, ``L`` layers, ``D`` hidden size.
@@ -26,7 +26,6 @@ Shapes: ``T`` tokens, ``V`` vocabulary, ``B`` batch rows, ``L`` layers, ``D`` hi
 
 from __future__ import annotations
 
-import copy
 import inspect
 import itertools
 from collections.abc import Callable, Sequence
@@ -36,10 +35,7 @@ import numpy as np
 
 from refllm.errors import InvalidInputError, UnknownSequenceError
 from refllm.kv.base import CacheConfig
-
-
-# the points inside a decoder layer the failure report compares, in the order the layer computes them
-SUBLAYER_POINTS = ("attention input", "attention output", "MLP input", "MLP output")
+from refllm.testing.layer_trace import refllm_layer_states, refllm_sublayer_states, traced
 
 
 class Unsupported(Exception):
@@ -125,7 +121,7 @@ class Backend:
 
     def sublayer_states(self, tokens: Sequence[int]) -> list[dict[str, np.ndarray]] | None:
         """What enters and leaves each layer's attention and MLP in a one-shot prefill of ``tokens``: one dict
-        per layer, from the names in SUBLAYER_POINTS (those it exposes) to [T, D]; or None if not exposed."""
+        per layer, from the names in ``layer_trace.SUBLAYER_POINTS`` (those it exposes) to [T, D]; or None if not exposed."""
         return None
 
     def bounded(self, capacity: int) -> Backend | None:
@@ -216,11 +212,11 @@ class ModelBackend(Backend):
         return np.stack(steps, axis=1)
 
     def layer_states(self, tokens):
-        states = _traced(self.model, self.model, "hidden_states", refllm_layer_states, tokens, self.cache_config)
+        states = traced(self.model, self.model, "hidden_states", refllm_layer_states, tokens, self.cache_config)
         return None if states is None else np.asarray(states)
 
     def sublayer_states(self, tokens):
-        return _traced(self.model, self.model, "sublayer_states", refllm_sublayer_states, tokens, self.cache_config)
+        return traced(self.model, self.model, "sublayer_states", refllm_sublayer_states, tokens, self.cache_config)
 
     def bounded(self, capacity):
         config = self.cache_config or CacheConfig()
@@ -234,63 +230,6 @@ class ModelBackend(Backend):
                 return None
             config = replace(config, max_bytes=capacity * shape.bytes_per_token)
         return ModelBackend(self.model, config, f"{self.name} ({capacity} tokens)")
-
-
-def refllm_layer_states(model, tokens: Sequence[int], cache_config: CacheConfig | None = None) -> np.ndarray:
-    """Run a ``DecoderModel`` layer by layer, through the layer objects its recipe built -> [L + 1, T, D]."""
-    return _run_layers(model, tokens, cache_config, record=False)[0]
-
-
-def refllm_sublayer_states(
-    model, tokens: Sequence[int], cache_config: CacheConfig | None = None
-) -> list[dict[str, np.ndarray]]:
-    """Run a ``DecoderModel`` layer by layer, noting what enters and leaves each layer's attention and MLP
-    -> one dict per layer, SUBLAYER_POINTS -> [T, D] (empty for a layer without those parts)."""
-    return _run_layers(model, tokens, cache_config, record=True)[1]
-
-
-def _run_layers(model, tokens, cache_config, record: bool) -> tuple[np.ndarray, list[dict[str, np.ndarray]]]:
-    x = model.embed(_ids([tokens]))  # [1, T, D]
-    cache = model.create_kv_cache(cache_config)
-    positions = np.arange(len(tokens))[None]  # [1, T]
-    cache.reserve([0], len(tokens))
-    states, sublayers = [x[0]], []
-    for layer in model.layers:
-        if record:
-            layer, seen = _noting_sublayers(layer)
-            sublayers.append(seen)
-        x = layer(x, positions, cache, [0])
-        states.append(x[0])
-    return np.stack(states), sublayers
-
-
-def _noting_sublayers(layer) -> tuple[Callable, dict[str, np.ndarray]]:
-    """A copy of a refllm layer whose attention and MLP note their input and output (row 0) in the dict."""
-    layer = getattr(layer, "op_by_op", layer)  # a fused layer's op-by-op twin: the same numbers, part by part
-    seen: dict[str, np.ndarray] = {}
-    if not (hasattr(layer, "attention") and hasattr(layer, "mlp")):
-        return layer, seen
-    probe = copy.copy(layer)  # the layer's parts are plain attributes: the model itself is left as it is
-    for attribute, part in (("attention", "attention"), ("mlp", "MLP")):
-
-        def noted(h, *args, _sublayer=getattr(layer, attribute), _part=part):
-            out = _sublayer(h, *args)
-            seen[f"{_part} input"], seen[f"{_part} output"] = h[0], out[0]
-            return out
-
-        setattr(probe, attribute, noted)
-    return probe, seen
-
-
-def _traced(owner, model, hook: str, refllm_trace: Callable, tokens, cache_config: CacheConfig | None = None):
-    """``owner.<hook>(tokens)`` where the object has that method, else ``refllm_trace`` where ``model`` is
-    refllm's ``DecoderModel``, else None (not exposed)."""
-    method = getattr(owner, hook, None)
-    if callable(method):
-        return method(tokens)
-    if hasattr(model, "layers") and hasattr(model, "weights"):
-        return refllm_trace(model, tokens, cache_config)
-    return None
 
 
 class LLMBackend(Backend):
@@ -384,11 +323,11 @@ class LLMBackend(Backend):
         return np.stack(steps, axis=1)
 
     def layer_states(self, tokens):  # refllm's LLM: diagnosed through its model
-        states = _traced(self.llm, getattr(self.llm, "model", None), "hidden_states", refllm_layer_states, tokens)
+        states = traced(self.llm, getattr(self.llm, "model", None), "hidden_states", refllm_layer_states, tokens)
         return None if states is None else np.asarray(states)
 
     def sublayer_states(self, tokens):
-        return _traced(self.llm, getattr(self.llm, "model", None), "sublayer_states", refllm_sublayer_states, tokens)
+        return traced(self.llm, getattr(self.llm, "model", None), "sublayer_states", refllm_sublayer_states, tokens)
 
     def bounded(self, capacity):
         if self._with_capacity is None:

@@ -27,9 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from refllm.testing.backends import SUBLAYER_POINTS, Backend
+from refllm.testing.backends import Backend
 from refllm.testing.checkpoint import Checkpoint
 from refllm.testing.factories import refllm_contiguous
+from refllm.testing.layer_trace import SUBLAYER_POINTS
 from refllm.testing.properties import PROPERTIES
 from refllm.testing.tolerances import Tolerance
 from refllm.testing.truth import error_against_truth
