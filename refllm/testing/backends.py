@@ -120,8 +120,8 @@ class Backend:
         return None
 
     def sublayer_states(self, tokens: Sequence[int]) -> list[dict[str, np.ndarray]] | None:
-        """What enters and leaves each layer's attention and MLP in a one-shot prefill of ``tokens``: one dict
-        per layer, from the names in ``layer_trace.SUBLAYER_POINTS`` (those it exposes) to [T, D]; or None if not exposed."""
+        """What enters and leaves each layer's attention and MLP in a one-shot prefill of ``tokens``: one dict per
+        layer, from the names in ``layer_trace.SUBLAYER_POINTS`` (those it exposes) to [T, D]; None if not exposed."""
         return None
 
     def bounded(self, capacity: int) -> Backend | None:

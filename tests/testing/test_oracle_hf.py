@@ -33,7 +33,8 @@ def test_transformers_conforms_to_refllm(arch):
 def test_every_point_inside_every_layer_matches_the_reference(arch):
     from refllm.testing.hf import transformers_backend
 
-    # epsilon and RoPE base written out, as the kit's draws write them
+    # epsilon and RoPE base written out, as the kit's draws write them: where config.json leaves them out, refllm's
+    # defaults differ from transformers' (the RMSNorm epsilon of phi3, mixtral and gpt_oss, cohere's RoPE base)
     config_json = tiny_config_json(arch) | {"rms_norm_eps": 1e-5}
     if "rope_parameters" not in config_json:
         config_json["rope_theta"] = 10_000.0
