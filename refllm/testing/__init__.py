@@ -14,8 +14,8 @@ The modules, bottom up: ``tolerances`` (profiles), ``configs`` (tiny
 ``config.json`` dicts), ``checkpoint`` (a model's config and weights),
 ``layer_trace`` (refllm's models layer by layer), ``backends`` (adapters),
 ``factories``, ``greedy``, ``strategies``, ``properties``, ``truth`` and
-``explain``, ``suite`` (the runner), ``plugin`` and ``conformance`` (pytest), ``golden``, ``hf`` (the transformers backend) and
-``repro``. Importing this package needs numpy only; the strategies and the
+``explain``, ``suite`` (the runner), ``plugin`` and ``conformance`` (pytest),
+``golden``, ``hf`` (the transformers backend) and ``repro``. Importing this package needs numpy only; the strategies and the
 runner need hypothesis, ``hf`` needs torch and transformers.
 """
 
