@@ -15,8 +15,9 @@ The modules, bottom up: ``tolerances`` (profiles), ``configs`` (tiny
 ``layer_trace`` (refllm's models layer by layer), ``backends`` (adapters),
 ``factories``, ``greedy``, ``strategies``, ``properties``, ``truth`` and
 ``explain``, ``suite`` (the runner), ``plugin`` and ``conformance`` (pytest),
-``golden``, ``hf`` (the transformers backend) and ``repro``. Importing this package needs numpy only; the strategies and the
-runner need hypothesis, ``hf`` needs torch and transformers.
+``golden``, ``hf`` (the transformers backend) and ``repro``. Importing this
+package needs numpy only; the strategies and the runner need hypothesis,
+``hf`` needs torch and transformers.
 """
 
 from refllm.testing.backends import Backend, CallableBackend, LLMBackend, ModelBackend, as_backend
