@@ -135,14 +135,18 @@ class TransformersBackend(Backend):
         return np.stack([_first_row(embeddings), *outputs])
 
     def sublayer_states(self, tokens):
-        # every family the kit draws names a decoder layer's parts self_attn and mlp; what enters self_attn is
-        # its hidden_states argument (the input norm applied), what leaves it and mlp comes before any post-norm
+        # what enters self_attn is its hidden_states argument (the input norm applied); what leaves it and mlp
+        # comes before any post-norm. A part named otherwise (transformers 4's Mixtral: block_sparse_moe) is
+        # left out, and the report names the ops around it.
         layers, hooks = [], []
         try:
             for layer in self.model.model.layers:
                 seen = {}
                 layers.append(seen)
-                for part, module in (("attention", layer.self_attn), ("MLP", layer.mlp)):
+                for part, name in (("attention", "self_attn"), ("MLP", "mlp")):
+                    module = getattr(layer, name, None)
+                    if module is None:
+                        continue
                     note_input, note_output = _noting(seen, part)
                     hooks.append(module.register_forward_pre_hook(note_input, with_kwargs=True))
                     hooks.append(module.register_forward_hook(note_output))
