@@ -12,14 +12,15 @@ themselves, golden files and a pytest plugin. docs/oracle.md walks through it.
 
 The modules, bottom up: ``tolerances`` (profiles), ``configs`` (tiny
 ``config.json`` dicts), ``checkpoint`` (a model's config and weights),
-``backends`` (adapters), ``factories``, ``greedy``, ``strategies``,
-``properties``, ``truth`` and ``explain``, ``suite`` (the runner), ``plugin`` and
-``conformance`` (pytest), ``golden``, ``hf`` (the transformers backend) and
-``repro``. Importing this package needs numpy only; the strategies and the
-runner need hypothesis, ``hf`` needs torch and transformers.
+``layer_trace`` (refllm's models layer by layer), ``backends`` (adapters),
+``factories``, ``greedy``, ``strategies``, ``properties``, ``truth`` and
+``explain``, ``suite`` (the runner), ``plugin`` and ``conformance`` (pytest),
+``golden``, ``hf`` (the transformers backend) and ``repro``. Importing this
+package needs numpy only; the strategies and the runner need hypothesis,
+``hf`` needs torch and transformers.
 """
 
-from refllm.testing.backends import Backend, CallableBackend, LLMBackend, ModelBackend, as_backend, refllm_layer_states
+from refllm.testing.backends import Backend, CallableBackend, LLMBackend, ModelBackend, as_backend
 from refllm.testing.checkpoint import Checkpoint
 from refllm.testing.checks import (
     check,
@@ -38,6 +39,7 @@ from refllm.testing.checks import (
 )
 from refllm.testing.compare import ConformanceFailure
 from refllm.testing.factories import load_factory, refllm_contiguous, refllm_float64, refllm_llm, refllm_paged
+from refllm.testing.layer_trace import SUBLAYER_POINTS, refllm_layer_states, refllm_sublayer_states
 from refllm.testing.greedy import GreedyComparison, compare_greedy, compare_greedy_outputs, greedy_tokens
 from refllm.testing.properties import PROPERTIES
 from refllm.testing.tolerances import PROFILES, Tolerance, get_profile
@@ -56,6 +58,7 @@ def __getattr__(name: str):
 __all__ = [
     "PROFILES",
     "PROPERTIES",
+    "SUBLAYER_POINTS",
     "Backend",
     "CallableBackend",
     "Checkpoint",
@@ -92,6 +95,7 @@ __all__ = [
     "refllm_layer_states",
     "refllm_llm",
     "refllm_paged",
+    "refllm_sublayer_states",
     "run_conformance",
     "run_properties",
 ]

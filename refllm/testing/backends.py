@@ -15,6 +15,12 @@ The conformance kit calls a *factory*, ``factory(checkpoint) -> backend``, once
 per drawn model: the backend must run the weights of the ``Checkpoint`` it is
 given (``factories.py``).
 
+For failure reports a backend may expose its hidden states after every layer
+(``layer_states``) and what enters and leaves each layer's attention and MLP
+(``sublayer_states``): refllm's own models expose both (``refllm_layer_states``,
+``refllm_sublayer_states``, ``layer_trace.py``), another model or LLM through methods
+``hidden_states(tokens)`` and ``sublayer_states(tokens)`` of its own.
+
 Shapes: ``T`` tokens, ``V`` vocabulary, ``B`` batch rows, ``L`` layers, ``D`` hidden size.
 """
 
@@ -29,6 +35,7 @@ import numpy as np
 
 from refllm.errors import InvalidInputError, UnknownSequenceError
 from refllm.kv.base import CacheConfig
+from refllm.testing.layer_trace import refllm_layer_states, refllm_sublayer_states, traced
 
 
 class Unsupported(Exception):
@@ -110,6 +117,11 @@ class Backend:
 
     def layer_states(self, tokens: Sequence[int]) -> np.ndarray | None:
         """Hidden states entering layer 0 and leaving every layer, [L + 1, T, D], or None if not exposed."""
+        return None
+
+    def sublayer_states(self, tokens: Sequence[int]) -> list[dict[str, np.ndarray]] | None:
+        """What enters and leaves each layer's attention and MLP in a one-shot prefill of ``tokens``: one dict per
+        layer, from the names in ``layer_trace.SUBLAYER_POINTS`` (those it exposes) to [T, D]; None if not exposed."""
         return None
 
     def bounded(self, capacity: int) -> Backend | None:
@@ -200,12 +212,11 @@ class ModelBackend(Backend):
         return np.stack(steps, axis=1)
 
     def layer_states(self, tokens):
-        hook = getattr(self.model, "hidden_states", None)
-        if callable(hook):
-            return np.asarray(hook(tokens))
-        if hasattr(self.model, "layers") and hasattr(self.model, "weights"):
-            return refllm_layer_states(self.model, tokens, self.cache_config)
-        return None
+        states = traced(self.model, self.model, "hidden_states", refllm_layer_states, tokens, self.cache_config)
+        return None if states is None else np.asarray(states)
+
+    def sublayer_states(self, tokens):
+        return traced(self.model, self.model, "sublayer_states", refllm_sublayer_states, tokens, self.cache_config)
 
     def bounded(self, capacity):
         config = self.cache_config or CacheConfig()
@@ -219,19 +230,6 @@ class ModelBackend(Backend):
                 return None
             config = replace(config, max_bytes=capacity * shape.bytes_per_token)
         return ModelBackend(self.model, config, f"{self.name} ({capacity} tokens)")
-
-
-def refllm_layer_states(model, tokens: Sequence[int], cache_config: CacheConfig | None = None) -> np.ndarray:
-    """Run a ``DecoderModel`` layer by layer, through the layer objects its recipe built -> [L + 1, T, D]."""
-    x = model.embed(_ids([tokens]))  # [1, T, D]
-    cache = model.create_kv_cache(cache_config)
-    positions = np.arange(len(tokens))[None]  # [1, T]
-    cache.reserve([0], len(tokens))
-    states = [x[0]]
-    for layer in model.layers:
-        x = layer(x, positions, cache, [0])
-        states.append(x[0])
-    return np.stack(states)
 
 
 class LLMBackend(Backend):
@@ -324,14 +322,12 @@ class LLMBackend(Backend):
                     self.release(cache_id)
         return np.stack(steps, axis=1)
 
-    def layer_states(self, tokens):
-        hook = getattr(self.llm, "hidden_states", None)
-        if callable(hook):
-            return np.asarray(hook(tokens))
-        model = getattr(self.llm, "model", None)  # refllm's LLM: diagnose through its model
-        if hasattr(model, "layers") and hasattr(model, "weights"):
-            return refllm_layer_states(model, tokens)
-        return None
+    def layer_states(self, tokens):  # refllm's LLM: diagnosed through its model
+        states = traced(self.llm, getattr(self.llm, "model", None), "hidden_states", refllm_layer_states, tokens)
+        return None if states is None else np.asarray(states)
+
+    def sublayer_states(self, tokens):
+        return traced(self.llm, getattr(self.llm, "model", None), "sublayer_states", refllm_sublayer_states, tokens)
 
     def bounded(self, capacity):
         if self._with_capacity is None:

@@ -1,17 +1,21 @@
-"""Failures that explain themselves: the model, the input, the first layer that diverges, a repro.
+"""Failures that explain themselves: the model, the input, the first layer and op that diverge, a repro.
 
 A failing property becomes a report like
 
     property 'logits' fails on backend 'RopeBaseOff' (profile float32)
       claim:  Logits at every position of a prompt match the reference.
-      what:   logits at position 1: max |Δ| 0.000266 at token id 5 (-0.0870186 vs -0.0867527; allowed ...)
-      model:  llama, 1 layer, D=16 H=2 K=1 E=4 F=16 V=32, rope theta 10000, eps 1e-06, silu, ...; random weights, seed 0
-      input:  {"tokens": [3, 4]}
-      layers: prefilling those 2 tokens in one shot, hidden states match the reference through the
-              embeddings and first diverge at the output of layer 0 (max |Δ| 6.76e-05 at position 1)
+      what:   logits at position 1: max |Δ| 0.000421 at token id 15 (-0.159447 vs -0.159868; allowed ...)
+      model:  llama, 2 layers, D=32 V=64; norms: pre-norm RMSNorm, eps 1e-06; ...; random weights, seed 0
+      input:  {"tokens": [3, 4, 9]}
+      layers: prefilling those 2 tokens in one shot, hidden states match the reference through the embeddings and
+              first diverge at the output of layer 0 (max |Δ| 0.000301 at position 1); in layer 0 the first op to
+              diverge is the attention (the attention input matches, the attention output does not: ...)
+      truth:  error against float64 truth 0.00022 of the largest logit, 2.27e+03x refllm's float32 spec (9.72e-08)
       repro:  python -m refllm.testing.repro --backend tests.helpers.mutants:rope_base_off '{"property":"logits",...}'
 
-Under hypothesis the report printed is the one of the smallest case found.
+The layer comes from the hidden states a backend exposes (``Backend.layer_states``), the op inside it from
+what enters and leaves its attention and MLP (``Backend.sublayer_states``), each compared with refllm's
+float32 spec under the profile in use. Under hypothesis the report printed is the one of the smallest case found.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import numpy as np
 from refllm.testing.backends import Backend
 from refllm.testing.checkpoint import Checkpoint
 from refllm.testing.factories import refllm_contiguous
+from refllm.testing.layer_trace import SUBLAYER_POINTS
 from refllm.testing.properties import PROPERTIES
 from refllm.testing.tolerances import Tolerance
 from refllm.testing.truth import error_against_truth
@@ -87,17 +92,64 @@ def first_divergent_layer(backend: Backend, reference: Backend, tokens: list[int
     prefix = f"prefilling {subject},"
     for index, (got, want) in enumerate(zip(states, expected)):
         if not profile.close(got, want):
-            delta = np.abs(got - want)  # [T, D]
-            position = int(np.unravel_index(np.argmax(delta), delta.shape)[0])
             agreed = f"match the reference through {state_name(index - 1)} and " if index else ""
-            return (
-                f"{prefix} hidden states {agreed}first diverge at {state_name(index)}"
-                f" (max |Δ| {delta.max():.3g} at position {position})"
-            )
+            report = f"{prefix} hidden states {agreed}first diverge at {state_name(index)} ({_worst(got, want)})"
+            return report + (f"; {first_divergent_op(backend, reference, tokens, profile, index - 1)}" if index else "")
     return (
         f"{prefix} every layer matches the reference, so the difference comes after the last layer"
         " (final norm, LM head, soft-cap) or from how the property feeds the tokens (chunks, cache reuse, batching)"
     )
+
+
+# The ops between one point of SUBLAYER_POINTS and the one before it (the layer's input before the first, its
+# output after the last): the first point that diverges convicts the ops just before it.
+OPS_BEFORE = {
+    "attention input": ("the attention's input norm",),
+    "attention output": ("the attention",),
+    "MLP input": ("the attention's output norm", "the residual add after the attention", "the MLP's input norm"),
+    "MLP output": ("the MLP",),
+    "layer output": ("the MLP's output norm", "the residual add after the MLP"),
+}
+
+
+def first_divergent_op(backend: Backend, reference: Backend, tokens: list[int], profile: Tolerance, layer: int) -> str:
+    """Inside ``layer``, whose input matches the reference and whose output does not, the first op that diverges."""
+    try:
+        sublayers = backend.sublayer_states(tokens)
+    except Exception as error:  # noqa: BLE001 - a diagnosis must not hide the failure it explains
+        return f"{backend.name} could not give its layers' insides ({type(error).__name__}: {error})"
+    if sublayers is None:
+        return f"{backend.name} exposes nothing inside a layer, so the op is not named"
+    expected = reference.sublayer_states(tokens)
+    if len(sublayers) != len(expected):
+        return f"{backend.name} gave the insides of {count(len(sublayers), 'layer')}, the reference has {len(expected)}"
+    got, want = sublayers[layer], expected[layer]
+    suspects, agreed = [], "the layer's input"  # the ops since the last point both expose and agree on
+    for point in SUBLAYER_POINTS:
+        suspects += OPS_BEFORE[point]
+        if point not in got or point not in want:
+            continue
+        if np.shape(got[point]) != np.shape(want[point]):
+            return f"in layer {layer} the {point} has shape {np.shape(got[point])}, the reference's {want[point].shape}"
+        if not profile.close(got[point], want[point]):
+            return (
+                f"in layer {layer} the first op to diverge is {_either(suspects)}"
+                f" ({agreed} matches, the {point} does not: {_worst(got[point], want[point])})"
+            )
+        suspects, agreed = [], f"the {point}"
+    culprits = _either(suspects + list(OPS_BEFORE["layer output"]))
+    return f"in layer {layer} the first op to diverge is {culprits} ({agreed} matches, the layer's output does not)"
+
+
+def _either(names: list[str]) -> str:
+    """["a"] -> "a"; ["a", "b", "c"] -> "a, b or c"."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+def _worst(got: np.ndarray, want: np.ndarray) -> str:
+    """Where two [T, D] states differ most: "max |Δ| 0.0123 at position 3"."""
+    delta = np.abs(np.asarray(got, np.float64) - np.asarray(want, np.float64))
+    return f"max |Δ| {delta.max():.3g} at position {int(np.unravel_index(np.argmax(delta), delta.shape)[0])}"
 
 
 def _error_against_truth(backend: Backend, checkpoint: Checkpoint, tokens: list[int]) -> str:

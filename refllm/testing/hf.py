@@ -16,6 +16,10 @@ transformers and refllm's contract differ, the adapter bridges:
 - Dynamic NTK RoPE in transformers keeps the longest length it has seen;
   refllm scales by the longest position of the current forward pass, so
   dynamic rotary modules are restored to their initial state before every forward.
+
+For failure reports it exposes per-layer hidden states (``layer_states``) and what
+enters and leaves each decoder layer's ``self_attn`` and ``mlp`` (``sublayer_states``,
+through forward hooks), so a report names the layer and the op that diverge.
 """
 
 from __future__ import annotations
@@ -115,11 +119,12 @@ class TransformersBackend(Backend):
         return np.asarray(out)
 
     def layer_states(self, tokens):
-        # output_hidden_states ends with the final norm applied; hooks read each layer's own output.
+        # hidden_states[0] is what enters layer 0 (the embeddings, scaled where the family scales them), but the
+        # last entry has the final norm applied: hooks read each layer's own output instead.
         outputs = []
 
         def keep(module, inputs, output):
-            outputs.append((output[0] if isinstance(output, tuple) else output)[0].float().numpy())
+            outputs.append(_first_row(output))
 
         hooks = [layer.register_forward_hook(keep) for layer in self.model.model.layers]
         try:
@@ -127,12 +132,51 @@ class TransformersBackend(Backend):
         finally:
             for hook in hooks:
                 hook.remove()
-        return np.stack([embeddings[0].float().numpy(), *outputs])
+        return np.stack([_first_row(embeddings), *outputs])
+
+    def sublayer_states(self, tokens):
+        # what enters self_attn is its hidden_states argument (the input norm applied); what leaves it and mlp
+        # comes before any post-norm. A part named otherwise (transformers 4's Mixtral: block_sparse_moe) is
+        # left out, and the report names the ops around it.
+        layers, hooks = [], []
+        try:
+            for layer in self.model.model.layers:
+                seen = {}
+                layers.append(seen)
+                for part, name in (("attention", "self_attn"), ("MLP", "mlp")):
+                    module = getattr(layer, name, None)
+                    if module is None:
+                        continue
+                    note_input, note_output = _noting(seen, part)
+                    hooks.append(module.register_forward_pre_hook(note_input, with_kwargs=True))
+                    hooks.append(module.register_forward_hook(note_output))
+            self._forward([list(tokens)])
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return layers
 
     def _live(self, cache_id):
         if cache_id not in self._sequences:
             raise UnknownSequenceError(f"unknown cache id {cache_id}")
         return self._sequences[cache_id]
+
+
+def _first_row(output) -> np.ndarray:
+    """A module's output (a tensor, or a tuple that starts with one) -> its batch row 0 as float32 NumPy."""
+    return (output[0] if isinstance(output, tuple) else output)[0].float().numpy()
+
+
+def _noting(seen: dict, part: str):
+    """Forward hooks that note what enters and leaves a module in ``seen``, as "<part> input" and "<part> output"."""
+
+    def note_input(module, args, kwargs):
+        seen[f"{part} input"] = _first_row(kwargs["hidden_states"] if "hidden_states" in kwargs else args[0])
+
+    def note_output(module, args, output):
+        seen[f"{part} output"] = _first_row(output)
+
+    return note_input, note_output
 
 
 def transformers_backend(checkpoint) -> TransformersBackend:

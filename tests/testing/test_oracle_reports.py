@@ -1,11 +1,22 @@
-"""Failure reports name the property and the call that exposed the bug, and the layer where drift starts."""
+"""Failure reports name the property and the call that exposed the bug, and the layer and op where drift starts."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from refllm.testing import Checkpoint, ConformanceFailure, check_errors, get_profile, refllm_contiguous
+from refllm.models.decoder import DecoderModel
+from refllm.testing import (
+    SUBLAYER_POINTS,
+    Checkpoint,
+    ConformanceFailure,
+    ModelBackend,
+    check_errors,
+    check_logits,
+    get_profile,
+    refllm_contiguous,
+    refllm_llm,
+)
 from refllm.testing.backends import Backend
 from refllm.testing.configs import tiny_config_json
 from refllm.testing.explain import first_divergent_layer
@@ -47,3 +58,82 @@ def test_small_drift_is_placed_at_its_layer_even_beside_a_large_outlier():
     report = first_divergent_layer(drifting, _SameOutlier(), tokens, get_profile("float32"))
     assert "first diverge at the output of layer 1" in report
     assert "every layer matches" in first_divergent_layer(outlier_only, _SameOutlier(), tokens, get_profile("float32"))
+
+
+@pytest.mark.parametrize(
+    "mutant, arch, keys, op",
+    [
+        (mutants.softmax_scale, "llama", {}, "the attention (the attention input matches"),
+        (mutants.dropped_qkv_bias, "qwen2", {}, "the attention (the attention input matches"),
+        (mutants.eps_outside_sqrt, "llama", {"rms_norm_eps": 0.5}, "the attention's input norm (the layer's input"),
+        (mutants.pre_norm_not_post_norm, "olmo2", {}, "the attention's input norm (the layer's input matches"),
+    ],
+)
+def test_a_refllm_shaped_mutant_is_reported_at_its_layer_and_op(mutant, arch, keys, op):
+    checkpoint = Checkpoint.random(tiny_config_json(arch) | keys, 0)
+    with pytest.raises(ConformanceFailure) as failure:
+        check_logits(mutant(checkpoint), checkpoint, [0, 5, 9, 17])
+    report = str(failure.value)
+    assert "first diverge at the output of layer 0 (" in report
+    assert f"; in layer 0 the first op to diverge is {op}" in report
+
+
+def test_an_embedding_bug_in_a_refllm_shaped_backend_names_the_embeddings():
+    checkpoint = Checkpoint.random(tiny_config_json("llama"), 0)
+    with pytest.raises(ConformanceFailure) as failure:
+        check_logits(mutants.pad_embedding_zeroed(checkpoint), checkpoint, [0, 5, 9, 17])
+    report = str(failure.value)
+    assert "hidden states first diverge at the embeddings (" in report
+    assert "in layer" not in report
+
+
+def _scaled_mlp_model(checkpoint, layer: int):
+    model = DecoderModel.load(checkpoint, reference=True)
+    mlp = model.layers[layer].mlp
+    model.layers[layer].mlp = lambda h: mlp(h) * np.float32(1.01)
+    return model
+
+
+def test_a_broken_mlp_deep_in_a_refllm_model_is_reported_at_its_layer():
+    checkpoint = Checkpoint.random(tiny_config_json("llama") | {"num_hidden_layers": 4}, 0)
+    with pytest.raises(ConformanceFailure) as failure:
+        check_logits(ModelBackend(_scaled_mlp_model(checkpoint, 2)), checkpoint, [0, 5, 9, 17])
+    report = str(failure.value)
+    assert "first diverge at the output of layer 2 (" in report
+    assert "in layer 2 the first op to diverge is the MLP (the MLP input matches, the MLP output does not" in report
+
+
+class _ExposesSomePoints(Backend):
+    """A backend that shows only what enters the attention and what leaves the MLP."""
+
+    name = "some points"
+
+    def __init__(self, inner: Backend):
+        self.inner = inner
+
+    def layer_states(self, tokens):
+        return self.inner.layer_states(tokens)
+
+    def sublayer_states(self, tokens):
+        shown = ("attention input", "MLP output")
+        return [{point: inside[point] for point in shown} for inside in self.inner.sublayer_states(tokens)]
+
+
+def test_with_points_missing_every_op_between_the_last_agreeing_point_and_the_first_diverging_one_is_named():
+    checkpoint = Checkpoint.random(tiny_config_json("llama"), 0)
+    backend = _ExposesSomePoints(mutants.softmax_scale(checkpoint))
+    report = first_divergent_layer(backend, refllm_contiguous(checkpoint), [0, 5, 9, 17], get_profile("float32"))
+    assert (
+        "in layer 0 the first op to diverge is the attention, the attention's output norm, the residual add after the"
+        " attention, the MLP's input norm or the MLP (the attention input matches, the MLP output does not" in report
+    )
+
+
+def test_refllms_runtime_exposes_its_models_insides():
+    checkpoint = Checkpoint.random(tiny_config_json("qwen3"), 0)
+    tokens, profile = [0, 5, 9, 17], get_profile("float32")
+    got, want = refllm_llm(checkpoint).sublayer_states(tokens), refllm_contiguous(checkpoint).sublayer_states(tokens)
+    assert len(got) == len(want) == checkpoint.config.num_hidden_layers
+    for inside, expected in zip(got, want):
+        assert set(inside) == set(expected) == set(SUBLAYER_POINTS)
+        assert all(profile.close(inside[point], expected[point]) for point in SUBLAYER_POINTS)
