@@ -31,6 +31,7 @@ from refllm.testing.sampling_semantics import (
     SMALLEST_CHECKED_PROBABILITY,
     SamplerParams,
     SamplingCase,
+    ReferenceDistribution,
     SamplingMismatch,
     Semantics,
     get_semantics,
@@ -41,9 +42,8 @@ from refllm.testing.sampling_semantics import (
 # --- the distribution ------------------------------------------------------------------------------
 
 
-def compare_distribution(semantics: Semantics, case: SamplingCase, got: np.ndarray, rtol: float, atol: float) -> str:
-    """'' when ``got`` is the semantics' distribution for ``case``; otherwise what differs."""
-    ref = reference_distribution(semantics, case.logits, case.params, case.prompt_tokens, case.output_tokens)
+def compare_distribution(ref: ReferenceDistribution, got: np.ndarray, rtol: float, atol: float) -> str:
+    """'' when ``got`` is the reference distribution up to swapping tied tokens; otherwise what differs."""
     got = np.asarray(got, dtype=np.float64)
     if got.shape != ref.probabilities.shape or not np.all(np.isfinite(got)) or np.any(got < 0):
         return f"not a probability vector of {ref.probabilities.size} finite values >= 0: {got!r}"
@@ -56,7 +56,7 @@ def compare_distribution(semantics: Semantics, case: SamplingCase, got: np.ndarr
         if drawn > kept or (drawn < kept and not small) or abs(have.sum() - want.sum()) > atol + rtol * want.sum():
             which = f"tied tokens {tokens.tolist()}" if tokens.size > 1 else f"token {tokens[0]}"
             return (
-                f"{which}: {semantics.name} gives probability {want.sum():.9g} to {kept} of them, "
+                f"{which}: the semantics gives probability {want.sum():.9g} to {kept} of them, "
                 f"the backend {have.sum():.9g} to {drawn}"
             )
     return ""
@@ -142,12 +142,13 @@ def check_probabilities(
     @given(case=sampling_cases(semantics, min_temperature))
     def test(case: SamplingCase) -> None:
         nonlocal compared
-        args = (case.logits, case.params, case.prompt_tokens, case.output_tokens)
-        if reference_distribution(semantics, *args, margin=margin).borderline:
+        history = (case.prompt_tokens, case.output_tokens)
+        ref = reference_distribution(semantics, case.logits, case.params, *history, margin=margin)
+        if ref.borderline:
             reject()
-        got = probabilities_fn(case.logits.copy(), case.params, case.prompt_tokens, case.output_tokens)
+        got = probabilities_fn(case.logits.copy(), case.params, *history)
         compared += 1
-        difference = compare_distribution(semantics, case, got, rtol, atol)
+        difference = compare_distribution(ref, got, rtol, atol)
         if difference:
             raise SamplingMismatch(f"not the {semantics.name} semantics: {difference}\n  case: {case.describe()}")
 
