@@ -15,8 +15,9 @@ Three properties, each run on a backend's own entry point (docs/oracle.md#sampli
 ``probabilities(logits, params, prompt_tokens, output_tokens) -> [V]`` takes float64 logits and a
 ``SamplerParams``; ``sampler`` is a factory of fresh samplers, each called with a batch of
 ``SamplingRow`` and returning one token per row, keeping each request's random state by its id.
-``sampler_from_probabilities`` builds one from a ``probabilities`` function; ``refllm_probabilities``
-and ``refllm_sampler`` are refllm's own sampler behind these entry points.
+This module holds the first (it needs hypothesis); ``refllm.testing.sampling_draws`` the other two,
+``sampler_from_probabilities`` (a sampler built from a ``probabilities`` function) and
+``refllm_probabilities`` and ``refllm_sampler``, refllm's own sampler behind these entry points.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ from hypothesis import strategies as st
 from refllm.testing.sampling_draws import ProbabilitiesFn
 from refllm.testing.sampling_semantics import (
     SMALLEST_CHECKED_PROBABILITY,
+    ReferenceDistribution,
     SamplerParams,
     SamplingCase,
-    ReferenceDistribution,
     SamplingMismatch,
     Semantics,
     get_semantics,

@@ -9,8 +9,8 @@ and history. ``check_draws`` and ``check_seeds`` take a factory of fresh sampler
   are held to the reference distribution by a chi-square test at ``false_alarm_rate / cases`` per
   case, so a correct sampler fails a run with probability at most ``false_alarm_rate``. The seeds are
   fixed, so a given sampler passes or fails the same way every run.
-- ``check_seeds``: each request drawn alone, then beside the others in shuffled batches where
-  requests sit out steps (preempted) and come back; two of them are the same request with the same
+- ``check_seeds``: each request drawn alone, then beside the others in shuffled batches (after the
+  first schedule, requests also sit out steps, as if preempted, and come back); two of them are the same request with the same
   seed. Every request must draw the same tokens every time.
 """
 
@@ -73,21 +73,21 @@ def chi_square_survival(statistic: float, dof: int) -> float:
 def draw_cases(semantics: Semantics, count: int, seed: int, min_temperature: float = 0.0) -> list[SamplingCase]:
     """``count`` cases with at least two tokens that may be drawn, none decided within rounding of a threshold."""
     rng = np.random.default_rng(seed)
-    ranges = {
-        "temperature": lambda: rng.uniform(max(0.3, min_temperature), 2.0),
-        "top_k": lambda: int(rng.integers(1, vocab)),
-        "top_p": lambda: rng.uniform(0.3, 0.95),
-        "min_p": lambda: rng.uniform(0.02, 0.3),
-        "repetition_penalty": lambda: rng.uniform(0.5, 2.0),
-        "presence_penalty": lambda: rng.uniform(-1.0, 1.0),
-        "frequency_penalty": lambda: rng.uniform(-1.0, 1.0),
-    }
     cases = []
     while len(cases) < count:
         vocab = int(rng.integers(4, 13))
         logits = rng.normal(0.0, 2.0, vocab).astype(np.float32).astype(np.float64)
         if rng.random() < 0.5:
             logits[rng.integers(vocab)] = logits[rng.integers(vocab)]  # a tie
+        ranges = {
+            "temperature": lambda: rng.uniform(max(0.3, min_temperature), 2.0),
+            "top_k": lambda: int(rng.integers(1, vocab)),
+            "top_p": lambda: rng.uniform(0.3, 0.95),
+            "min_p": lambda: rng.uniform(0.02, 0.3),
+            "repetition_penalty": lambda: rng.uniform(0.5, 2.0),
+            "presence_penalty": lambda: rng.uniform(-1.0, 1.0),
+            "frequency_penalty": lambda: rng.uniform(-1.0, 1.0),
+        }
         params = SamplerParams(**{name: ranges[name]() for name in semantics.parameters if rng.random() < 0.6})
         history = [tuple(int(t) for t in rng.integers(0, vocab, rng.integers(0, 7))) for _ in range(2)]
         case = SamplingCase(logits, params, *history)

@@ -179,6 +179,7 @@ def penalized_logits(
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
+    """log p = x - log(sum(exp(x))), shifted by the largest value first."""
     shifted = x - np.max(x)
     return shifted - np.log(np.sum(np.exp(shifted)))
 
