@@ -47,6 +47,7 @@ from refllm.testing.properties import PROPERTIES
 from refllm.testing.sampling_draws import (
     check_draws,
     check_seeds,
+    probabilities_from_logits,
     refllm_probabilities,
     refllm_sampler,
     sampler_from_probabilities,
@@ -118,6 +119,7 @@ __all__ = [
     "get_profile",
     "greedy_tokens",
     "load_factory",
+    "probabilities_from_logits",
     "reference_distribution",
     "refllm_contiguous",
     "refllm_float64",

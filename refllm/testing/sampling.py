@@ -16,7 +16,8 @@ Three properties, each run on a backend's own entry point (docs/oracle.md#sampli
 ``SamplerParams``; ``sampler`` is a factory of fresh samplers, each called with a batch of
 ``SamplingRow`` and returning one token per row, keeping each request's random state by its id.
 This module holds the first (it needs hypothesis); ``refllm.testing.sampling_draws`` the other two,
-``sampler_from_probabilities`` (a sampler built from a ``probabilities`` function) and
+``probabilities_from_logits`` (the entry point made of a processed-logits function),
+``sampler_from_probabilities`` (a sampler made of a ``probabilities`` function) and
 ``refllm_probabilities`` and ``refllm_sampler``, refllm's own sampler behind these entry points.
 """
 

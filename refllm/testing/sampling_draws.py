@@ -214,6 +214,20 @@ def check_seeds(
                 )
 
 
+def probabilities_from_logits(processed_logits_fn: ProbabilitiesFn) -> ProbabilitiesFn:
+    """A probabilities entry point made of one that returns processed logits [V] (ruled-out tokens at -inf):
+    their softmax, and for temperature 0 the point mass on their first largest value."""
+
+    def probabilities_fn(logits: np.ndarray, params: SamplerParams, prompt: tuple, output: tuple) -> np.ndarray:
+        x = np.asarray(processed_logits_fn(logits, params, prompt, output), dtype=np.float64)
+        if params.temperature == 0:
+            return np.eye(x.size)[int(np.argmax(x))]
+        weights = np.exp(x - np.max(x))
+        return weights / weights.sum()
+
+    return probabilities_fn
+
+
 def sampler_from_probabilities(probabilities_fn: ProbabilitiesFn) -> Callable[[], BatchSampler]:
     """A sampler factory drawing each row from ``probabilities_fn`` with its request's own generator."""
 

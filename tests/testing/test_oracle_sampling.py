@@ -15,12 +15,14 @@ from refllm.testing import (
     check_draws,
     check_probabilities,
     check_seeds,
+    probabilities_from_logits,
     reference_distribution,
     refllm_probabilities,
     refllm_sampler,
     sampler_from_probabilities,
 )
-from refllm.testing.sampling_draws import chi_square_survival, goodness_of_fit
+from refllm.runtime.sampling import processed_logits
+from refllm.testing.sampling_draws import chi_square_survival, goodness_of_fit, refllm_params
 from refllm.testing.sampling_semantics import get_semantics, penalized_logits
 from tests.helpers.sampler_mutants import (
     PROBABILITY_MUTANTS,
@@ -141,6 +143,14 @@ def test_refllm_samples_as_it_claims(semantics):
     """refllm's chain is transformers' order and repetition penalty, and OpenAI's presence and frequency."""
     assert check_probabilities(refllm_probabilities, semantics, min_temperature=REFLLM_FLOOR) >= 150
     assert len(check_draws(refllm_sampler, semantics, min_temperature=REFLLM_FLOOR)) == 8
+
+
+def test_a_processed_logits_entry_point_is_checked_through_its_softmax():
+    def refllm_processed_logits(logits, params, prompt, output):
+        return processed_logits(logits, refllm_params(params), prompt, output)
+
+    probabilities = probabilities_from_logits(refllm_processed_logits)
+    assert check_probabilities(probabilities, "transformers", min_temperature=REFLLM_FLOOR) >= 150
 
 
 def test_refllm_seeds_ignore_the_batch_and_preemption():
