@@ -10,8 +10,8 @@ and history. ``check_draws`` and ``check_seeds`` take a factory of fresh sampler
   case, so a correct sampler fails a run with probability at most ``false_alarm_rate``. The seeds are
   fixed, so a given sampler passes or fails the same way every run.
 - ``check_seeds``: each request drawn alone, then beside the others in shuffled batches (after the
-  first schedule, requests also sit out steps, as if preempted, and come back); two of them are the same request with the same
-  seed. Every request must draw the same tokens every time.
+  first schedule, requests also sit out steps, as if preempted, and come back); two of them are the
+  same request with the same seed. Every request must draw the same tokens every time.
 """
 
 from __future__ import annotations
