@@ -2,9 +2,9 @@
 
 Each probability mutant is a ``probabilities(logits, params, prompt_tokens, output_tokens)`` entry
 point, as ``refllm.testing.sampling.check_probabilities`` takes them: refllm's chain
-(``refllm.runtime.sampling``) with one step replaced. ``shared_generator`` is a sampler factory whose
-requests all draw from one random generator. The sampling properties must catch every one
-(``tests/testing/test_oracle_sampling.py``).
+(``refllm.runtime.sampling``) with one step replaced. The seed mutants are sampler factories whose
+requests draw from the wrong generator: one shared by all, one per seed, one seeded anew on resuming.
+The sampling properties must catch every one (``tests/testing/test_oracle_sampling.py``).
 """
 
 from __future__ import annotations
@@ -94,18 +94,56 @@ def top_k_cuts_ties(logits, params, prompt, output):
 
 def shared_generator():
     """A sampler whose requests all draw from one generator, seeded by the first request it sees."""
-    generator: list[np.random.Generator] = []
+    shared: list[np.random.Generator] = []
+
+    def generator_for(row: SamplingRow, _: int) -> np.random.Generator:
+        if not shared:
+            shared.append(np.random.default_rng(row.params.seed))
+        return shared[0]
+
+    return _seeded_sampler(generator_for)
+
+
+def _seeded_sampler(generator_for):
+    """A sampler drawing each row from refllm's distribution with ``generator_for(row, call)``'s generator."""
+    calls = [0]
 
     def sample(rows: Sequence[SamplingRow]) -> list[int]:
-        if not generator:
-            generator.append(np.random.default_rng(rows[0].params.seed))
+        calls[0] += 1
         tokens = []
         for row in rows:
             p = refllm_probabilities(row.logits, row.params, row.prompt_tokens, row.output_tokens)
-            tokens.append(int(generator[0].choice(p.size, p=p)))
+            tokens.append(int(generator_for(row, calls[0]).choice(p.size, p=p)))
         return tokens
 
     return sample
+
+
+def generator_per_seed():
+    """A sampler whose requests share a generator when they share a seed."""
+    generators: dict[int, np.random.Generator] = {}
+
+    def generator_for(row: SamplingRow, _: int) -> np.random.Generator:
+        if row.params.seed not in generators:
+            generators[row.params.seed] = np.random.default_rng(row.params.seed)
+        return generators[row.params.seed]
+
+    return _seeded_sampler(generator_for)
+
+
+def reseeded_on_resume():
+    """A sampler that seeds a request's generator anew when it comes back after sitting out a step, as an
+    engine that rebuilds a preempted request's state from its parameters."""
+    generators: dict[int, np.random.Generator] = {}
+    last_call: dict[int, int] = {}
+
+    def generator_for(row: SamplingRow, call: int) -> np.random.Generator:
+        if last_call.get(row.request_id) != call - 1:
+            generators[row.request_id] = np.random.default_rng(row.params.seed)
+        last_call[row.request_id] = call
+        return generators[row.request_id]
+
+    return _seeded_sampler(generator_for)
 
 
 # (name, mutant, the semantics whose properties catch it): the probability mutants
@@ -116,3 +154,4 @@ PROBABILITY_MUTANTS = [
     ("presence and frequency penalties count the prompt", penalties_count_the_prompt, "openai"),
     ("top-k cuts ties at the k-th value", top_k_cuts_ties, "transformers"),
 ]
+SEED_MUTANTS = [shared_generator, generator_per_seed, reseeded_on_resume]

@@ -26,8 +26,8 @@ from refllm.testing.sampling_draws import chi_square_survival, goodness_of_fit, 
 from refllm.testing.sampling_semantics import get_semantics, penalized_logits
 from tests.helpers.sampler_mutants import (
     PROBABILITY_MUTANTS,
+    SEED_MUTANTS,
     min_p_before_temperature,
-    shared_generator,
     top_p_drops_crossing_token,
 )
 
@@ -185,6 +185,7 @@ def test_draws_alone_catch_a_mutant(mutant):
         check_draws(sampler_from_probabilities(mutant), min_temperature=REFLLM_FLOOR)
 
 
-def test_a_generator_shared_across_requests_is_caught():
+@pytest.mark.parametrize("mutant", SEED_MUTANTS, ids=[m.__name__ for m in SEED_MUTANTS])
+def test_each_seed_mutant_is_caught(mutant):
     with pytest.raises(SamplingMismatch, match=r"drew \[.*\] alone but \[.*\] in batches"):
-        check_seeds(shared_generator)
+        check_seeds(mutant)
