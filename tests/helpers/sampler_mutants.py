@@ -28,7 +28,7 @@ def _chain(
     params = refllm_params(params)
     x = penalties(chain.check_logits(logits), prompt, output, params)
     if params.greedy:
-        return chain.probabilities(x, params)
+        return np.eye(x.size)[int(np.argmax(x))]
     if min_p_before_temperature:
         x = chain.min_p_filter(x, params.min_p)
     x = top_p(top_k(chain.apply_temperature(x, params.temperature), params.top_k), params.top_p)
@@ -51,10 +51,9 @@ def _top_p_without_crossing(logits: np.ndarray, p: float) -> np.ndarray:
 
 def _repetition_divides_all(logits, prompt, output, params) -> np.ndarray:
     """Divides every seen token's logit by the penalty, so a negative one becomes more likely."""
-    without = chain.apply_penalties(logits, prompt, output, replace(params, repetition_penalty=1.0))
-    seen = np.unique(np.asarray([*prompt, *output], dtype=np.int64))
-    without[seen] /= params.repetition_penalty
-    return without
+    logits = logits.copy()
+    logits[np.unique(np.asarray([*prompt, *output], dtype=np.int64))] /= params.repetition_penalty
+    return chain.apply_penalties(logits, prompt, output, replace(params, repetition_penalty=1.0))
 
 
 def _penalties_over_prompt(logits, prompt, output, params) -> np.ndarray:
