@@ -159,8 +159,10 @@ def test_refllm_seeds_ignore_the_batch_and_preemption():
 
 @pytest.mark.parametrize("semantics", ["vllm", "llama.cpp"])
 def test_the_properties_tell_refllm_from_the_semantics_it_does_not_claim(semantics):
+    """vLLM differs from refllm only on narrow cases (a temperature below 0.01 beside a near-tie, min-p cutting
+    what top-p would keep), so this looks further than the default budget; the search stops at the first."""
     with pytest.raises(SamplingMismatch, match=f"not the {semantics} semantics"):
-        check_probabilities(refllm_probabilities, semantics, min_temperature=REFLLM_FLOOR, shrink=False)
+        check_probabilities(refllm_probabilities, semantics, 1000, min_temperature=REFLLM_FLOOR, shrink=False)
 
 
 # --- the mutation gallery ----------------------------------------------------------------------------
