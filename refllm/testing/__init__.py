@@ -15,9 +15,12 @@ The modules, bottom up: ``tolerances`` (profiles), ``configs`` (tiny
 ``layer_trace`` (refllm's models layer by layer), ``backends`` (adapters),
 ``factories``, ``greedy``, ``strategies``, ``properties``, ``truth`` and
 ``explain``, ``suite`` (the runner), ``plugin`` and ``conformance`` (pytest),
-``golden``, ``hf`` (the transformers backend) and ``repro``. Importing this
-package needs numpy only; the strategies and the runner need hypothesis,
-``hf`` needs torch and transformers.
+``golden``, ``hf`` (the transformers backend) and ``repro``. Samplers are checked
+apart from models: ``sampling_semantics`` (what each engine means by temperature,
+top-k, top-p, min-p and the penalties), ``sampling`` (the distribution a sampler
+draws from) and ``sampling_draws`` (the tokens it draws, and seeds independent of
+the batch). Importing this package needs numpy only; the strategies, the runner and
+``check_probabilities`` need hypothesis, ``hf`` needs torch and transformers.
 """
 
 from refllm.testing.backends import Backend, CallableBackend, LLMBackend, ModelBackend, as_backend
@@ -39,25 +42,46 @@ from refllm.testing.checks import (
 )
 from refllm.testing.compare import ConformanceFailure
 from refllm.testing.factories import load_factory, refllm_contiguous, refllm_float64, refllm_llm, refllm_paged
-from refllm.testing.layer_trace import SUBLAYER_POINTS, refllm_layer_states, refllm_sublayer_states
 from refllm.testing.greedy import GreedyComparison, compare_greedy, compare_greedy_outputs, greedy_tokens
+from refllm.testing.layer_trace import SUBLAYER_POINTS, refllm_layer_states, refllm_sublayer_states
 from refllm.testing.properties import PROPERTIES
+from refllm.testing.sampling_draws import (
+    check_draws,
+    check_seeds,
+    probabilities_from_logits,
+    refllm_probabilities,
+    refllm_sampler,
+    sampler_from_probabilities,
+)
+from refllm.testing.sampling_semantics import (
+    SEMANTICS,
+    SamplerParams,
+    SamplingMismatch,
+    SamplingRow,
+    Semantics,
+    reference_distribution,
+)
 from refllm.testing.tolerances import PROFILES, Tolerance, get_profile
 from refllm.testing.truth import ErrorAgainstTruth, error_against_truth
 
 
 def __getattr__(name: str):
-    """The runner needs hypothesis, so ``run_conformance`` and its kin are imported on first use."""
+    """The runner and ``check_probabilities`` need hypothesis, so they are imported on first use."""
     if name in ("run_conformance", "first_failure", "run_properties", "PropertyResult"):
         from refllm.testing import suite
 
         return getattr(suite, name)
+    if name == "check_probabilities":
+        from refllm.testing import sampling
+
+        return sampling.check_probabilities
     raise AttributeError(f"module 'refllm.testing' has no attribute {name!r}")
 
 
 __all__ = [
     "PROFILES",
     "PROPERTIES",
+    "SEMANTICS",
     "SUBLAYER_POINTS",
     "Backend",
     "CallableBackend",
@@ -68,6 +92,10 @@ __all__ = [
     "LLMBackend",
     "ModelBackend",
     "PropertyResult",
+    "SamplerParams",
+    "SamplingMismatch",
+    "SamplingRow",
+    "Semantics",
     "Tolerance",
     "as_backend",
     "check",
@@ -75,13 +103,16 @@ __all__ = [
     "check_branches",
     "check_chunked_prefill",
     "check_decode",
+    "check_draws",
     "check_errors",
     "check_greedy",
     "check_logits",
     "check_long_horizon",
     "check_memory",
     "check_own_greedy",
+    "check_probabilities",
     "check_schedule",
+    "check_seeds",
     "check_truncate",
     "compare_greedy",
     "compare_greedy_outputs",
@@ -90,12 +121,17 @@ __all__ = [
     "get_profile",
     "greedy_tokens",
     "load_factory",
+    "probabilities_from_logits",
+    "reference_distribution",
     "refllm_contiguous",
     "refllm_float64",
     "refllm_layer_states",
     "refllm_llm",
     "refllm_paged",
+    "refllm_probabilities",
+    "refllm_sampler",
     "refllm_sublayer_states",
     "run_conformance",
     "run_properties",
+    "sampler_from_probabilities",
 ]

@@ -75,6 +75,24 @@ def test_64_requests_through_a_small_arena_on_a_real_model():
     assert_all_free(engine)
 
 
+def test_a_seeded_request_draws_the_same_tokens_alone_and_in_a_crowded_arena():
+    """Batch composition and preemption change no seeded request's tokens: the sampling kit's
+    ``check_seeds``, on the engine itself."""
+    model = model_for("llama")
+    requests = mixed_requests(16, seed=3, vocab_size=64)
+    params = [SamplingParams(temperature=1.0, seed=100 + i, max_tokens=n) for i, (_, n) in enumerate(requests)]
+    crowded = Engine(LLMExecutor(LLM(model, CacheConfig(block_size=4, num_blocks=16)), offload=False))
+    handles = [crowded.submit(prompt, p) for (prompt, _), p in zip(requests, params)]
+    crowded.run_until_done()
+    assert crowded.stats.preemptions > 0 and crowded.stats.largest_batch > 1
+    alone = Engine(LLMExecutor(LLM(model, CacheConfig(block_size=4, num_blocks=64)), offload=False))
+    for handle, (prompt, _), p in zip(handles, requests, params):
+        assert handle.result().completions[0].token_ids == alone.generate([prompt], p)[0].completions[0].token_ids
+    assert_all_free(crowded)
+    crowded.close()
+    alone.close()
+
+
 def test_parallel_sampling_forks_one_prefill():
     model = model_for("llama")
     engine = Engine(LLMExecutor(LLM(model, CacheConfig(block_size=4, num_blocks=64)), offload=False))
