@@ -4,16 +4,24 @@ Sizes are tiny (a model runs in milliseconds) but every flag that changes the
 arithmetic is drawn: grouped-query ratios, head dims apart from hidden / heads,
 RoPE bases and scaling variants, partial rotary dims, sliding windows shorter
 than the inputs, biases, q/k norms, tied embeddings, Gemma's soft-capping and
-layer-type patterns, SmolLM3's NoPE layers, OLMo 2's post-norms, mixture-of-experts
-routing (experts, experts per token, renormalisation, dense layers among sparse ones,
-gpt-oss's router bias, sinks and clamp), DeepSeek-V3's latent attention and grouped
-routing, and RMSNorm epsilons large enough that misplacing one shows in the logits.
+layer-type patterns, SmolLM3's NoPE layers (listed, or derived from an interval),
+OLMo 2's post-norms, mixture-of-experts routing (experts, experts per token,
+renormalisation, dense layers among sparse ones, gpt-oss's router bias, sinks and
+clamp), DeepSeek-V3's latent attention and grouped routing, and RMSNorm epsilons
+large enough that misplacing one shows in the logits.
+
+Optional keys are left out as often as real checkpoints leave them out
+(``OPTIONAL_KEYS``), so a backend must apply the family's defaults;
+architectures with more mechanisms are drawn more often (``ARCHITECTURE_WEIGHTS``),
+so that every mechanism is exercised at the default budget (``coverage.py``
+measures it).
 
 ``hf_configs()`` draws ``config.json`` dicts that both refllm and transformers
 read; ``checkpoints()`` adds seeded random weights, their scale drawn over
 orders of magnitude (``weight_options``: std 0.01 to 1, so attention scores
 reach the hundreds, and tied checkpoints that also carry a stray
-``lm_head.weight``). Token ids cover the whole vocabulary, favouring its ends:
+``lm_head.weight``, and mixture-of-experts routers whose scores tie: duplicated
+rows, or scores saturated to 1). Token ids cover the whole vocabulary, favouring its ends:
 the special ids 0..2 (pad, bos, eos) and the last id. ``long_horizon_cuts``
 draws sequences of hundreds of positions cut near block, window and chunk edges.
 """
@@ -36,6 +44,46 @@ LONG_HORIZON_MAX = 320  # longest long_horizon sequence
 WEIGHT_STDS = (0.01, 0.1, 0.1, 1.0)  # 0.1 twice: the usual scale is drawn most; past 1, float32 itself drifts past 2e-4 of the spread over hundreds of positions
 
 
+ROUTERS = ("random", "random", "duplicated", "saturated")  # Checkpoint.random's router: ties drawn half the time
+# Architectures with more mechanisms of their own are drawn more often (weight: how many times each is listed).
+ARCHITECTURE_WEIGHTS = {"smollm3": 2, "mixtral": 2, "qwen3_moe": 2, "gpt_oss": 2, "deepseek_v3": 3}
+# Keys a config.json may leave out, the family's default then applying (refllm's readers and transformers'
+# config classes agree on each, tests/testing/test_oracle_draws.py): each is left out with probability 1/3.
+COMMON_OPTIONAL_KEYS = ("attention_bias", "mlp_bias", "tie_word_embeddings", "rms_norm_eps", "rope_theta", "hidden_act")
+OPTIONAL_KEYS = {
+    "qwen2": ("use_sliding_window", "max_window_layers"),
+    "phi3": ("partial_rotary_factor",),
+    "gemma2": ("attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar"),
+    "gemma3_text": ("final_logit_softcapping", "query_pre_attn_scalar"),
+    "qwen3_moe": ("norm_topk_prob", "decoder_sparse_step", "mlp_only_layers"),
+    "gpt_oss": ("swiglu_limit",),
+    "deepseek_v3": ("norm_topk_prob", "routed_scaling_factor", "rope_interleave"),
+    "cohere": ("use_qk_norm", "logit_scale"),  # its rope_theta default differs across transformers versions: kept
+    "granite": ("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling"),
+}
+
+
+def optional_keys(model_type: str) -> tuple[str, ...]:
+    """The keys of ``model_type``'s config.json a draw may leave out."""
+    common = tuple(key for key in COMMON_OPTIONAL_KEYS if not (model_type == "cohere" and key == "rope_theta"))
+    return common + OPTIONAL_KEYS.get(model_type, ())
+
+
+@st.composite
+def without_some_defaults(draw, config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with each of its optional keys left out with probability 1/3."""
+    return {
+        key: value
+        for key, value in config.items()
+        if key not in optional_keys(config["model_type"]) or draw(st.sampled_from([True, True, False]))
+    }
+
+
+def weighted(architectures: tuple[str, ...]) -> list[str]:
+    """Each architecture listed ARCHITECTURE_WEIGHTS times (once by default), for ``st.sampled_from``."""
+    return [name for name in architectures for _ in range(ARCHITECTURE_WEIGHTS.get(name, 1))]
+
+
 @st.composite
 def rope_scalings(draw, max_positions: int = MAX_POSITION_EMBEDDINGS, dynamic: bool = True) -> dict[str, Any] | None:
     """None or a ``rope_scaling`` dict of one of the scaling variants (dynamic NTK only if ``dynamic``)."""
@@ -52,13 +100,20 @@ def rope_scalings(draw, max_positions: int = MAX_POSITION_EMBEDDINGS, dynamic: b
 
 @st.composite
 def hf_configs(draw, architectures: tuple[str, ...] = ARCHITECTURES, long_horizon: bool = False) -> dict[str, Any]:
-    """A tiny ``config.json`` dict for one of ``architectures``.
+    """A tiny ``config.json`` dict for one of ``architectures`` (weighted by ARCHITECTURE_WEIGHTS), some of
+    its optional keys left out.
 
     ``long_horizon``: room for LONG_HORIZON_POSITIONS positions, and no dynamic NTK scaling
     (whose cached and one-shot forwards differ by design: ``history.py``).
     """
+    model_type = draw(st.sampled_from(weighted(check_architectures(architectures))))
+    return draw(without_some_defaults(draw(full_configs(model_type, long_horizon))))
+
+
+@st.composite
+def full_configs(draw, model_type: str, long_horizon: bool = False) -> dict[str, Any]:
+    """A tiny ``config.json`` dict of ``model_type`` with every key written (but SmolLM3's NoPE keys)."""
     max_positions = LONG_HORIZON_POSITIONS if long_horizon else MAX_POSITION_EMBEDDINGS
-    model_type = draw(st.sampled_from(check_architectures(architectures)))
     kv_heads = draw(st.integers(1, 2))
     heads = kv_heads * draw(st.integers(1, 3))  # GQA ratios 1, 2, 3 (and multi-query)
     head_dim = draw(st.sampled_from([4, 8, 12, 16]))
@@ -141,9 +196,8 @@ def hf_configs(draw, architectures: tuple[str, ...] = ARCHITECTURES, long_horizo
         config |= dict(attention_bias=draw(st.booleans()), mlp_bias=draw(st.booleans()))
     elif model_type in ("qwen3", "olmo2"):
         config |= dict(attention_bias=draw(st.booleans()))
-    elif model_type == "smollm3":  # no_rope_layers: 1 where the layer rotates, 0 for a NoPE layer
-        flags = st.lists(st.sampled_from([0, 1]), min_size=layers, max_size=layers)
-        config |= dict(attention_bias=draw(st.booleans()), mlp_bias=draw(st.booleans()), no_rope_layers=draw(flags))
+    elif model_type == "smollm3":
+        config |= dict(attention_bias=draw(st.booleans()), mlp_bias=draw(st.booleans())) | draw(nope_keys(layers))
     elif model_type == "phi3":
         config |= dict(
             partial_rotary_factor=draw(st.sampled_from([1.0, 0.5])), sliding_window=draw(st.none() | st.just(window))
@@ -161,6 +215,23 @@ def hf_configs(draw, architectures: tuple[str, ...] = ARCHITECTURES, long_horizo
 
 
 MOE_ARCHITECTURES = ("mixtral", "qwen3_moe", "gpt_oss")
+
+
+@st.composite
+def nope_keys(draw, layers: int) -> dict[str, Any]:
+    """SmolLM3's NoPE layers as checkpoints spell them: listed in ``no_rope_layers`` (1 where the layer
+    rotates, 0 for a NoPE layer; with or without the interval beside it), derived from
+    ``no_rope_layer_interval`` alone (layer i skips RoPE where (i + 1) % interval == 0), or neither
+    (transformers' default interval, 4)."""
+    flags = st.lists(st.sampled_from([0, 1]), min_size=layers, max_size=layers)
+    interval = st.integers(1, 4)
+    spelling = draw(st.sampled_from(["listed", "interval", "listed and interval", "neither"]))
+    keys = {}
+    if "listed" in spelling:
+        keys["no_rope_layers"] = draw(flags)
+    if "interval" in spelling:
+        keys["no_rope_layer_interval"] = draw(interval)
+    return keys
 
 
 @st.composite
@@ -220,16 +291,19 @@ def deepseek_options(draw, head_dim: int, layers: int) -> dict[str, Any]:
         topk_group=groups_per_token,
         num_experts_per_tok=draw(st.integers(1, groups_per_token * experts // num_groups)),
         n_shared_experts=draw(st.integers(1, 2)),  # transformers builds 0 as empty tensors
-        norm_topk_prob=draw(st.booleans()),
-        routed_scaling_factor=draw(st.sampled_from([1.0, 2.5])),
-        first_k_dense_replace=draw(st.integers(0, layers)),
+        norm_topk_prob=draw(st.sampled_from([True, True, False])),
+        routed_scaling_factor=draw(st.sampled_from([2.5, 0.5, 1.0])),
+        first_k_dense_replace=draw(st.sampled_from([*range(layers)] * 2 + [layers])),  # a sparse layer, mostly
         tie_word_embeddings=draw(st.booleans()),
     )
 
 
 def weight_options() -> st.SearchStrategy[dict[str, Any]]:
-    """Keyword arguments of ``Checkpoint.random`` besides config and seed: the weights' std, a stray lm_head."""
-    return st.fixed_dictionaries({"std": st.sampled_from(WEIGHT_STDS), "lm_head": st.booleans()})
+    """Keyword arguments of ``Checkpoint.random`` besides config and seed: the weights' std, a stray lm_head,
+    the routers' ties (mixtures of experts only)."""
+    return st.fixed_dictionaries(
+        {"std": st.sampled_from(WEIGHT_STDS), "lm_head": st.booleans(), "router": st.sampled_from(ROUTERS)}
+    )
 
 
 def checkpoints(configs: st.SearchStrategy[dict[str, Any]] | None = None) -> st.SearchStrategy[Checkpoint]:
