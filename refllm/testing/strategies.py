@@ -44,21 +44,22 @@ LONG_HORIZON_MAX = 320  # longest long_horizon sequence
 WEIGHT_STDS = (0.01, 0.1, 0.1, 1.0)  # 0.1 twice: the usual scale is drawn most; past 1, float32 itself drifts past 2e-4 of the spread over hundreds of positions
 
 
-ROUTERS = ("random", "random", "duplicated", "saturated")  # Checkpoint.random's router: ties drawn half the time
-# Architectures with more mechanisms of their own are drawn more often (weight: how many times each is listed).
-ARCHITECTURE_WEIGHTS = {"smollm3": 2, "mixtral": 2, "qwen3_moe": 2, "gpt_oss": 2, "deepseek_v3": 3}
+ROUTERS = ("random", "duplicated", "saturated")  # Checkpoint.random's router: scores tie in two draws of three
+# Architectures whose mechanisms few of their draws reach are drawn more often (weight: times each is listed),
+# so that a default run reaches each mechanism at least 5 times (mechanisms.py measures it).
+ARCHITECTURE_WEIGHTS = dict.fromkeys(ARCHITECTURES, 2) | dict.fromkeys(("phi3", "gemma3_text", "smollm3", "qwen3_moe"), 3)
+ARCHITECTURE_WEIGHTS["deepseek_v3"] = 4
 # Keys a config.json may leave out, the family's default then applying (refllm's readers and transformers'
 # config classes agree on each, tests/testing/test_oracle_draws.py): each is left out with probability 1/3.
 COMMON_OPTIONAL_KEYS = ("attention_bias", "mlp_bias", "tie_word_embeddings", "rms_norm_eps", "rope_theta", "hidden_act")
 OPTIONAL_KEYS = {
-    "qwen2": ("use_sliding_window", "max_window_layers"),
     "phi3": ("partial_rotary_factor",),
     "gemma2": ("attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar"),
     "gemma3_text": ("final_logit_softcapping", "query_pre_attn_scalar"),
     "qwen3_moe": ("norm_topk_prob", "decoder_sparse_step", "mlp_only_layers"),
     "gpt_oss": ("swiglu_limit",),
     "deepseek_v3": ("norm_topk_prob", "routed_scaling_factor", "rope_interleave"),
-    "cohere": ("use_qk_norm", "logit_scale"),  # its rope_theta default differs across transformers versions: kept
+    "cohere": ("logit_scale",),  # its rope_theta default differs across transformers versions: kept
     "granite": ("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling"),
 }
 
@@ -80,8 +81,8 @@ def without_some_defaults(draw, config: dict[str, Any]) -> dict[str, Any]:
 
 
 def weighted(architectures: tuple[str, ...]) -> list[str]:
-    """Each architecture listed ARCHITECTURE_WEIGHTS times (once by default), for ``st.sampled_from``."""
-    return [name for name in architectures for _ in range(ARCHITECTURE_WEIGHTS.get(name, 1))]
+    """Each architecture listed ARCHITECTURE_WEIGHTS times, for ``st.sampled_from``."""
+    return [name for name in architectures for _ in range(ARCHITECTURE_WEIGHTS[name])]
 
 
 @st.composite
@@ -117,7 +118,8 @@ def full_configs(draw, model_type: str, long_horizon: bool = False) -> dict[str,
     kv_heads = draw(st.integers(1, 2))
     heads = kv_heads * draw(st.integers(1, 3))  # GQA ratios 1, 2, 3 (and multi-query)
     head_dim = draw(st.sampled_from([4, 8, 12, 16]))
-    layers = draw(st.integers(1, 2))
+    mixture = model_type in (*MOE_ARCHITECTURES, "deepseek_v3")
+    layers = draw(st.sampled_from([2, 2, 1] if mixture else [1, 2]))  # sparse and dense layers together need two
     if model_type == "deepseek_v3":
         kv_heads = heads  # transformers' latent attention expands one key per query head
     if model_type in ("phi3", "qwen2"):
@@ -150,7 +152,7 @@ def full_configs(draw, model_type: str, long_horizon: bool = False) -> dict[str,
                 st.lists(st.sampled_from(["sliding_attention", "full_attention"]), min_size=layers, max_size=layers)
             ),
             query_pre_attn_scalar=draw(st.sampled_from([head_dim, 24, 256])),
-            final_logit_softcapping=draw(st.sampled_from([None, 3.0])),
+            final_logit_softcapping=draw(st.sampled_from([3.0, 3.0, None])),
             attention_bias=draw(st.booleans()),
             rope_parameters={
                 "full_attention": {"rope_type": "default", "rope_theta": theta}
@@ -193,22 +195,23 @@ def full_configs(draw, model_type: str, long_horizon: bool = False) -> dict[str,
         if scaling["rope_type"] == "dynamic":
             config["max_position_embeddings"] = 16  # so inputs run past it and the base grows
     if model_type == "llama":
-        config |= dict(attention_bias=draw(st.booleans()), mlp_bias=draw(st.booleans()))
+        config |= dict(attention_bias=draw(st.sampled_from([True, False])), mlp_bias=draw(st.sampled_from([True, False])))
     elif model_type in ("qwen3", "olmo2"):
         config |= dict(attention_bias=draw(st.booleans()))
     elif model_type == "smollm3":
         config |= dict(attention_bias=draw(st.booleans()), mlp_bias=draw(st.booleans())) | draw(nope_keys(layers))
     elif model_type == "phi3":
         config |= dict(
-            partial_rotary_factor=draw(st.sampled_from([1.0, 0.5])), sliding_window=draw(st.none() | st.just(window))
+            partial_rotary_factor=draw(st.sampled_from([0.5, 0.5, 1.0])),
+            sliding_window=draw(st.sampled_from([window, None])),
         )
     elif model_type == "mistral":
-        config |= dict(sliding_window=draw(st.none() | st.just(window)))
+        config |= dict(sliding_window=draw(st.sampled_from([window, window, None])))
     elif model_type == "qwen2":
         config |= dict(
-            use_sliding_window=draw(st.booleans()),
+            use_sliding_window=draw(st.sampled_from([True, True, False])),
             sliding_window=window,
-            max_window_layers=draw(st.integers(0, layers)),
+            max_window_layers=draw(st.sampled_from([*range(layers)] * 2 + [layers])),  # layers from there on slide
         )
     # a family's own keys, as its module declares the values to draw (refllm/families/)
     return config | {key: draw(st.sampled_from(values)) for key, values in DRAWN_KEYS[model_type].items()}
@@ -225,7 +228,7 @@ def nope_keys(draw, layers: int) -> dict[str, Any]:
     (transformers' default interval, 4)."""
     flags = st.lists(st.sampled_from([0, 1]), min_size=layers, max_size=layers)
     interval = st.integers(1, 4)
-    spelling = draw(st.sampled_from(["listed", "interval", "listed and interval", "neither"]))
+    spelling = draw(st.sampled_from(["interval", "neither", "listed", "interval", "neither", "listed and interval"]))
     keys = {}
     if "listed" in spelling:
         keys["no_rope_layers"] = draw(flags)
@@ -255,8 +258,8 @@ def moe_keys(
         return keys | dict(
             rope_theta=theta,
             moe_intermediate_size=draw(st.sampled_from([8, 16, 24])),
-            norm_topk_prob=draw(st.booleans()),
-            decoder_sparse_step=draw(st.integers(1, 2)),
+            norm_topk_prob=draw(st.sampled_from([True, True, False])),
+            decoder_sparse_step=draw(st.sampled_from([1, 2])),
             mlp_only_layers=draw(st.lists(st.integers(0, layers - 1), max_size=1)),
             attention_bias=draw(st.booleans()),
         )
@@ -266,7 +269,7 @@ def moe_keys(
         layer_types=draw(
             st.lists(st.sampled_from(["sliding_attention", "full_attention"]), min_size=layers, max_size=layers)
         ),
-        swiglu_limit=draw(st.sampled_from([0.5, 7.0])),
+        swiglu_limit=draw(st.sampled_from([0.5, 0.5, 7.0])),
         rope_parameters={"rope_theta": theta} | draw(st.sampled_from([{"rope_type": "default"}, yarn])),
     )
 
@@ -293,7 +296,8 @@ def deepseek_options(draw, head_dim: int, layers: int) -> dict[str, Any]:
         n_shared_experts=draw(st.integers(1, 2)),  # transformers builds 0 as empty tensors
         norm_topk_prob=draw(st.sampled_from([True, True, False])),
         routed_scaling_factor=draw(st.sampled_from([2.5, 0.5, 1.0])),
-        first_k_dense_replace=draw(st.sampled_from([*range(layers)] * 2 + [layers])),  # a sparse layer, mostly
+        # mostly a sparse layer, after a dense one where there are two layers
+        first_k_dense_replace=draw(st.sampled_from([0, 0, 1] if layers == 1 else [1, 0, 1, 2])),
         tie_word_embeddings=draw(st.booleans()),
     )
 
