@@ -26,10 +26,10 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 
 from refllm.config import ModelConfig
-from refllm.testing.configs import ARCHITECTURES
+from refllm.testing.configs import ARCHITECTURES, optional_keys
 from refllm.testing.explain import Case
 from refllm.testing.properties import PROPERTIES
-from refllm.testing.strategies import MOE_ARCHITECTURES, optional_keys
+from refllm.testing.strategies import MOE_ARCHITECTURES
 from refllm.testing.suite import cases
 
 DEFAULT_EXAMPLES = 25  # cases per property in a default run (the pytest plugin's --refllm-examples)
@@ -115,10 +115,12 @@ MECHANISMS: tuple[Mechanism, ...] = (
     Mechanism("phi3", "partial rotary dims", _family("phi3", lambda d: any(rope.partial_rotary_factor < 1
               for rope in d.config.rope.values()))),
     Mechanism("gemma3_text", "sliding and global layers", _family("gemma3_text", _sliding)),
-    Mechanism("gemma3_text", "final-logit soft-cap", _family("gemma3_text", lambda d: d.config.final_logit_softcapping)),
+    Mechanism("gemma3_text", "final-logit soft-cap",
+              _family("gemma3_text", lambda d: d.config.final_logit_softcapping)),
     Mechanism("gemma2", "attention soft-cap", _family("gemma2", lambda d: d.config.attention.softcap)),
     Mechanism("gemma2", "final-logit soft-cap", _family("gemma2", lambda d: d.config.final_logit_softcapping)),
-    Mechanism("smollm3", "NoPE layers listed (no_rope_layers)", _family("smollm3", lambda d: "no_rope_layers" in d.keys)),
+    Mechanism("smollm3", "NoPE layers listed (no_rope_layers)",
+              _family("smollm3", lambda d: "no_rope_layers" in d.keys)),
     Mechanism("smollm3", "NoPE layers derived from no_rope_layer_interval",
               _family("smollm3", lambda d: "no_rope_layers" not in d.keys and "no_rope_layer_interval" in d.keys)),
     Mechanism("smollm3", "NoPE layers from the default interval (neither key)", _family("smollm3",
@@ -135,7 +137,8 @@ MECHANISMS: tuple[Mechanism, ...] = (
               and not d.config.experts.norm_topk_prob)),
     Mechanism("qwen3_moe", "dense layers among sparse ones", _family("qwen3_moe", lambda d: d.sparse
               and not all(d.config.is_sparse(layer) for layer in range(d.config.num_hidden_layers)))),
-    Mechanism("gpt_oss", "a clamped SwiGLU (limit 0.5)", _family("gpt_oss", lambda d: d.keys.get("swiglu_limit") == 0.5)),
+    Mechanism("gpt_oss", "a clamped SwiGLU (limit 0.5)",
+              _family("gpt_oss", lambda d: d.keys.get("swiglu_limit") == 0.5)),
     Mechanism("gpt_oss", "YaRN with sinks", _family("gpt_oss", _rope_type("yarn"))),
     _deepseek("full-rank queries", lambda d: d.config.attention.q_lora_rank is None),
     _deepseek("interleaved RoPE", lambda d: d.config.attention.rope_interleave),
@@ -143,7 +146,8 @@ MECHANISMS: tuple[Mechanism, ...] = (
               and d.config.experts.groups_per_token < d.config.experts.num_groups),
     _deepseek("routed_scaling_factor under renormalisation", lambda d: d.sparse and d.config.experts.norm_topk_prob
               and d.config.experts.routed_scaling_factor != 1.0),
-    _deepseek("dense first layers before a sparse one", lambda d: d.sparse and d.config.experts.first_k_dense_replace > 0),
+    _deepseek("dense first layers before a sparse one",
+              lambda d: d.sparse and d.config.experts.first_k_dense_replace > 0),
     _deepseek("sigmoid scores saturated to ties", lambda d: d.tied_router and d.case.weights["router"] == "saturated"),
     *(Mechanism(family, "router scores that tie", _family(family, lambda d: d.tied_router))
       for family in (*MOE_ARCHITECTURES, "deepseek_v3")),

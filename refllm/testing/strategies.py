@@ -10,19 +10,19 @@ renormalisation, dense layers among sparse ones, gpt-oss's router bias, sinks an
 clamp), DeepSeek-V3's latent attention and grouped routing, and RMSNorm epsilons
 large enough that misplacing one shows in the logits.
 
-Optional keys are left out as often as real checkpoints leave them out
-(``OPTIONAL_KEYS``), so a backend must apply the family's defaults;
-architectures with more mechanisms are drawn more often (``ARCHITECTURE_WEIGHTS``),
-so that every mechanism is exercised at the default budget (``coverage.py``
-measures it).
+Optional keys are left out in one draw of three (``configs.OPTIONAL_KEYS``), as real
+checkpoints leave many out, so a backend must apply the family's defaults;
+architectures whose mechanisms few draws reach are drawn more often
+(``configs.ARCHITECTURE_WEIGHTS``), so that every mechanism is exercised at the default
+budget (``mechanisms.py`` measures it).
 
 ``hf_configs()`` draws ``config.json`` dicts that both refllm and transformers
 read; ``checkpoints()`` adds seeded random weights, their scale drawn over
 orders of magnitude (``weight_options``: std 0.01 to 1, so attention scores
 reach the hundreds, and tied checkpoints that also carry a stray
 ``lm_head.weight``, and mixture-of-experts routers whose scores tie: duplicated
-rows, or scores saturated to 1). Token ids cover the whole vocabulary, favouring its ends:
-the special ids 0..2 (pad, bos, eos) and the last id. ``long_horizon_cuts``
+rows, or scores saturated to 1). Token ids cover the whole vocabulary, favouring
+its ends: the special ids 0..2 (pad, bos, eos) and the last id. ``long_horizon_cuts``
 draws sequences of hundreds of positions cut near block, window and chunk edges.
 """
 
@@ -33,7 +33,14 @@ from typing import Any
 from hypothesis import strategies as st
 
 from refllm.testing.checkpoint import Checkpoint
-from refllm.testing.configs import ARCHITECTURES, CLASS_NAMES, DRAWN_KEYS, check_architectures
+from refllm.testing.configs import (
+    ARCHITECTURES,
+    CLASS_NAMES,
+    DRAWN_KEYS,
+    check_architectures,
+    optional_keys,
+    weighted,
+)
 
 SPECIAL_IDS = (0, 1, 2)  # pad, bos, eos in every drawn config
 MAX_POSITION_EMBEDDINGS = 64  # of every drawn config but the dynamic NTK ones (16, so inputs run past it)
@@ -42,34 +49,7 @@ MAX_TOTAL_TOKENS = 32
 LONG_HORIZON_POSITIONS = 512  # max_position_embeddings of the configs drawn for long_horizon
 LONG_HORIZON_MAX = 320  # longest long_horizon sequence
 WEIGHT_STDS = (0.01, 0.1, 0.1, 1.0)  # 0.1 twice: the usual scale is drawn most; past 1, float32 itself drifts past 2e-4 of the spread over hundreds of positions
-
-
 ROUTERS = ("random", "duplicated", "saturated")  # Checkpoint.random's router: scores tie in two draws of three
-# Architectures whose mechanisms few of their draws reach are drawn more often (weight: times each is listed),
-# so that a default run reaches each mechanism at least 5 times (mechanisms.py measures it).
-ARCHITECTURE_WEIGHTS = dict.fromkeys(ARCHITECTURES, 2) | dict.fromkeys(("phi3", "gemma3_text", "smollm3", "qwen3_moe"), 3)
-ARCHITECTURE_WEIGHTS["deepseek_v3"] = 4
-# Keys a config.json may leave out, the family's default then applying (refllm's readers and transformers'
-# config classes agree on each, tests/testing/test_oracle_draws.py): each is left out with probability 1/3.
-COMMON_OPTIONAL_KEYS = ("attention_bias", "mlp_bias", "tie_word_embeddings", "rms_norm_eps", "rope_theta", "hidden_act")
-OPTIONAL_KEYS = {
-    "phi3": ("partial_rotary_factor",),
-    "gemma2": ("attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar"),
-    "gemma3_text": ("final_logit_softcapping", "query_pre_attn_scalar"),
-    "qwen3_moe": ("norm_topk_prob", "decoder_sparse_step", "mlp_only_layers"),
-    "gpt_oss": ("swiglu_limit",),
-    "deepseek_v3": ("norm_topk_prob", "routed_scaling_factor", "rope_interleave"),
-    "cohere": ("logit_scale",),  # its rope_theta default differs across transformers versions: kept
-    "granite": ("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling"),
-}
-
-
-def optional_keys(model_type: str) -> tuple[str, ...]:
-    """The keys of ``model_type``'s config.json a draw may leave out."""
-    common = tuple(key for key in COMMON_OPTIONAL_KEYS if not (model_type == "cohere" and key == "rope_theta"))
-    return common + OPTIONAL_KEYS.get(model_type, ())
-
-
 @st.composite
 def without_some_defaults(draw, config: dict[str, Any]) -> dict[str, Any]:
     """``config`` with each of its optional keys left out with probability 1/3."""
@@ -78,11 +58,6 @@ def without_some_defaults(draw, config: dict[str, Any]) -> dict[str, Any]:
         for key, value in config.items()
         if key not in optional_keys(config["model_type"]) or draw(st.sampled_from([True, True, False]))
     }
-
-
-def weighted(architectures: tuple[str, ...]) -> list[str]:
-    """Each architecture listed ARCHITECTURE_WEIGHTS times, for ``st.sampled_from``."""
-    return [name for name in architectures for _ in range(ARCHITECTURE_WEIGHTS[name])]
 
 
 @st.composite
@@ -195,7 +170,7 @@ def full_configs(draw, model_type: str, long_horizon: bool = False) -> dict[str,
         if scaling["rope_type"] == "dynamic":
             config["max_position_embeddings"] = 16  # so inputs run past it and the base grows
     if model_type == "llama":
-        config |= dict(attention_bias=draw(st.sampled_from([True, False])), mlp_bias=draw(st.sampled_from([True, False])))
+        config |= dict(attention_bias=draw(st.booleans()), mlp_bias=draw(st.booleans()))
     elif model_type in ("qwen3", "olmo2"):
         config |= dict(attention_bias=draw(st.booleans()))
     elif model_type == "smollm3":

@@ -466,7 +466,9 @@ class ScalingBeforeRenormalisation(_Rerouted):
     """DeepSeek's routed_scaling_factor applied to the chosen weights before they are renormalised, not after."""
 
     def wrong(self, route):
-        return functools.partial(_scaled_then_renormalised, **route.keywords) if route.func is grouped_topk_routing else route
+        if route.func is not grouped_topk_routing:
+            return route
+        return functools.partial(_scaled_then_renormalised, **route.keywords)
 
 
 # --- mixtures of experts and attention sinks ------------------------------------------------------

@@ -111,8 +111,12 @@ def test_the_mechanisms_command_refuses_a_run_of_no_cases(capsys):
     assert "--examples and --runs must be at least 1; got 0 and" in capsys.readouterr().err
 
 
-ROUTER_WEIGHT = {"mixtral": "model.layers.0.block_sparse_moe.gate.weight", "qwen3_moe": "model.layers.0.mlp.gate.weight",
-                 "gpt_oss": "model.layers.0.mlp.router.weight", "deepseek_v3": "model.layers.1.mlp.gate.weight"}  # fmt: skip
+ROUTER_WEIGHT = {  # the first sparse layer's router in each tiny config
+    "mixtral": "model.layers.0.block_sparse_moe.gate.weight",
+    "qwen3_moe": "model.layers.0.mlp.gate.weight",
+    "gpt_oss": "model.layers.0.mlp.router.weight",
+    "deepseek_v3": "model.layers.1.mlp.gate.weight",
+}
 
 
 @pytest.mark.parametrize("model_type", sorted(ROUTER_WEIGHT))

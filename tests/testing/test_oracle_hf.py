@@ -6,8 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from refllm.testing import Checkpoint, check_logits, run_conformance
-from refllm.testing.configs import ARCHITECTURES
-from refllm.testing.strategies import full_configs, optional_keys
+from refllm.testing.configs import ARCHITECTURES, optional_keys
+from refllm.testing.strategies import full_configs
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
