@@ -46,8 +46,11 @@ DRAWN_KEYS = {model_type: MODEL_TYPES[model_type].drawn_keys for model_type in A
 
 # Architectures whose mechanisms few of their draws reach are drawn more often (weight: times each is listed),
 # so that a default run reaches each mechanism at least 5 times (mechanisms.py measures it).
-ARCHITECTURE_WEIGHTS = dict.fromkeys(ARCHITECTURES, 2) | dict.fromkeys(("phi3", "gemma3_text", "smollm3", "qwen3_moe"), 3)
-ARCHITECTURE_WEIGHTS["deepseek_v3"] = 4
+ARCHITECTURE_WEIGHTS = (
+    dict.fromkeys(ARCHITECTURES, 2)
+    | dict.fromkeys(("phi3", "gemma3_text", "cohere", "mixtral", "gpt_oss"), 3)
+    | dict.fromkeys(("smollm3", "qwen3_moe", "deepseek_v3"), 4)
+)
 # Keys a config.json may leave out, the family's default then applying (refllm's readers and transformers'
 # config classes agree on each, tests/testing/test_oracle_hf.py): each is left out with probability 1/3.
 COMMON_OPTIONAL_KEYS = ("attention_bias", "mlp_bias", "tie_word_embeddings", "rms_norm_eps", "rope_theta", "hidden_act")

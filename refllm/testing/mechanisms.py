@@ -59,7 +59,9 @@ class Drawn:
 
     @property
     def tied_router(self) -> bool:
-        return self.sparse and self.case.weights.get("router", "random") != "random"
+        """Whether router scores tie: duplicated rows do in every family, saturated ones in DeepSeek-V3's sigmoids."""
+        router = self.case.weights.get("router", "random")
+        return self.sparse and (router == "duplicated" or router == "saturated" and self.family == "deepseek_v3")
 
     @property
     def rows_batched(self) -> bool:

@@ -49,7 +49,8 @@ MAX_TOTAL_TOKENS = 32
 LONG_HORIZON_POSITIONS = 512  # max_position_embeddings of the configs drawn for long_horizon
 LONG_HORIZON_MAX = 320  # longest long_horizon sequence
 WEIGHT_STDS = (0.01, 0.1, 0.1, 1.0)  # 0.1 twice: the usual scale is drawn most; past 1, float32 itself drifts past 2e-4 of the spread over hundreds of positions
-ROUTERS = ("random", "duplicated", "saturated")  # Checkpoint.random's router: scores tie in two draws of three
+# Checkpoint.random's router: duplicated rows tie every family's scores, saturation only DeepSeek-V3's sigmoids
+ROUTERS = ("random", "duplicated", "saturated", "duplicated", "saturated")
 @st.composite
 def without_some_defaults(draw, config: dict[str, Any]) -> dict[str, Any]:
     """``config`` with each of its optional keys left out with probability 1/3."""
@@ -170,11 +171,13 @@ def full_configs(draw, model_type: str, long_horizon: bool = False) -> dict[str,
         if scaling["rope_type"] == "dynamic":
             config["max_position_embeddings"] = 16  # so inputs run past it and the base grows
     if model_type == "llama":
-        config |= dict(attention_bias=draw(st.booleans()), mlp_bias=draw(st.booleans()))
+        biases = st.sampled_from([True, True, False])  # each left out one draw in three: mostly on, then
+        config |= dict(attention_bias=draw(biases), mlp_bias=draw(biases))
     elif model_type in ("qwen3", "olmo2"):
         config |= dict(attention_bias=draw(st.booleans()))
     elif model_type == "smollm3":
-        config |= dict(attention_bias=draw(st.booleans()), mlp_bias=draw(st.booleans())) | draw(nope_keys(layers))
+        biases = st.sampled_from([True, True, False])  # each left out one draw in three: mostly on, then
+        config |= dict(attention_bias=draw(biases), mlp_bias=draw(biases)) | draw(nope_keys(layers))
     elif model_type == "phi3":
         config |= dict(
             partial_rotary_factor=draw(st.sampled_from([0.5, 0.5, 1.0])),
