@@ -51,6 +51,9 @@ LONG_HORIZON_MAX = 320  # longest long_horizon sequence
 WEIGHT_STDS = (0.01, 0.1, 0.1, 1.0)  # 0.1 twice: the usual scale is drawn most; past 1, float32 itself drifts past 2e-4 of the spread over hundreds of positions
 # Checkpoint.random's router: duplicated rows tie every family's scores, saturation only DeepSeek-V3's sigmoids
 ROUTERS = ("random", "duplicated", "saturated", "duplicated", "saturated")
+BIASES = st.sampled_from([True, True, False])  # on in 4 draws of 9, once left out (off) one draw in three
+
+
 @st.composite
 def without_some_defaults(draw, config: dict[str, Any]) -> dict[str, Any]:
     """``config`` with each of its optional keys left out with probability 1/3."""
@@ -171,13 +174,11 @@ def full_configs(draw, model_type: str, long_horizon: bool = False) -> dict[str,
         if scaling["rope_type"] == "dynamic":
             config["max_position_embeddings"] = 16  # so inputs run past it and the base grows
     if model_type == "llama":
-        biases = st.sampled_from([True, True, False])  # each left out one draw in three: mostly on, then
-        config |= dict(attention_bias=draw(biases), mlp_bias=draw(biases))
+        config |= dict(attention_bias=draw(BIASES), mlp_bias=draw(BIASES))
     elif model_type in ("qwen3", "olmo2"):
         config |= dict(attention_bias=draw(st.booleans()))
     elif model_type == "smollm3":
-        biases = st.sampled_from([True, True, False])  # each left out one draw in three: mostly on, then
-        config |= dict(attention_bias=draw(biases), mlp_bias=draw(biases)) | draw(nope_keys(layers))
+        config |= dict(attention_bias=draw(BIASES), mlp_bias=draw(BIASES)) | draw(nope_keys(layers))
     elif model_type == "phi3":
         config |= dict(
             partial_rotary_factor=draw(st.sampled_from([0.5, 0.5, 1.0])),
