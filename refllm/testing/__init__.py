@@ -13,9 +13,9 @@ themselves, golden files and a pytest plugin. docs/oracle.md walks through it.
 The modules, bottom up: ``tolerances`` (profiles), ``configs`` (tiny
 ``config.json`` dicts), ``checkpoint`` (a model's config and weights),
 ``backends`` (adapters), ``factories``, ``greedy``, ``strategies``,
-``properties``, ``truth`` and ``explain``, ``suite`` (the runner), ``plugin`` and
-``conformance`` (pytest), ``golden``, ``hf`` (the transformers backend) and
-``repro``. Importing this package needs numpy only; the strategies and the
+``properties``, ``truth`` and ``explain``, ``suite`` (the runner), ``mechanisms``
+(how often the draws reach each mechanism), ``plugin`` and ``conformance``
+(pytest), ``golden``, ``hf`` (the transformers backend) and ``repro``. Importing this package needs numpy only; the strategies and the
 runner need hypothesis, ``hf`` needs torch and transformers.
 """
 
