@@ -34,7 +34,7 @@ ROUTER_TENSORS = (
 ROUTERS = {
     "random": "",
     "duplicated": "duplicated router rows",  # experts 2j and 2j + 1 score the same, as after sparse upcycling
-    "saturated": "saturated router scores",  # |logit| in the hundreds: DeepSeek's sigmoids tie at 1
+    "saturated": "saturated router scores",  # the duplicated rows scaled up: DeepSeek's sigmoids tie at 1 as well
 }
 SATURATED_ROUTER_STD = 100.0  # the saturated routers' std: logits of std ~100 sqrt(D), past where sigmoid rounds to 1
 
@@ -47,12 +47,11 @@ def tie_routers(tensors: dict[str, np.ndarray], router: str, std: float) -> dict
     for name, array in tensors.items():
         if router == "random" or not name.endswith(ROUTER_TENSORS):
             continue
-        if router == "duplicated":  # row i becomes row 2 (i // 2)
-            tied[name] = array[np.arange(len(array)) // 2 * 2]
-        elif name.endswith("e_score_correction_bias"):  # a uniform bias: it breaks no tie
+        tied[name] = array[np.arange(len(array)) // 2 * 2]  # row i becomes row 2 (i // 2)
+        if router == "saturated" and name.endswith("e_score_correction_bias"):  # a uniform bias: it breaks no tie
             tied[name] = np.zeros_like(array)
-        elif name.endswith(".weight"):
-            tied[name] = (array * np.float32(SATURATED_ROUTER_STD / std)).astype(np.float32)
+        elif router == "saturated" and name.endswith(".weight"):
+            tied[name] = (tied[name] * np.float32(SATURATED_ROUTER_STD / std)).astype(np.float32)
     return tied
 
 

@@ -48,8 +48,8 @@ DRAWN_KEYS = {model_type: MODEL_TYPES[model_type].drawn_keys for model_type in A
 # so that a default run reaches each mechanism at least 5 times (mechanisms.py measures it).
 ARCHITECTURE_WEIGHTS = (
     dict.fromkeys(ARCHITECTURES, 2)
-    | dict.fromkeys(("phi3", "gemma3_text", "cohere", "mixtral", "gpt_oss"), 3)
-    | dict.fromkeys(("smollm3", "qwen3_moe", "deepseek_v3"), 4)
+    | dict.fromkeys(("llama", "qwen2", "phi3", "gemma3_text", "cohere", "mixtral", "gpt_oss"), 3)
+    | {"qwen3_moe": 4, "smollm3": 5, "deepseek_v3": 5}
 )
 # Keys a config.json may leave out, the family's default then applying (refllm's readers and transformers'
 # config classes agree on each, tests/testing/test_oracle_hf.py): each is left out with probability 1/3.

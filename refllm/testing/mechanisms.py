@@ -33,7 +33,7 @@ from refllm.testing.strategies import MOE_ARCHITECTURES
 from refllm.testing.suite import cases
 
 DEFAULT_EXAMPLES = 25  # cases per property in a default run (the pytest plugin's --refllm-examples)
-DEFAULT_RUNS = 10  # seeds averaged over
+DEFAULT_RUNS = 20  # seeds averaged over: hypothesis' runs of 25 cases vary a lot
 LEAST_EXPECTED = 5  # cases a default run must be expected to spend on every mechanism
 CALLABLE_HORIZON = 24  # the longest prompt the logits property draws
 
@@ -59,9 +59,8 @@ class Drawn:
 
     @property
     def tied_router(self) -> bool:
-        """Whether router scores tie: duplicated rows do in every family, saturated ones in DeepSeek-V3's sigmoids."""
-        router = self.case.weights.get("router", "random")
-        return self.sparse and (router == "duplicated" or router == "saturated" and self.family == "deepseek_v3")
+        """Whether router scores tie (duplicated rows, saturated or not)."""
+        return self.sparse and self.case.weights.get("router", "random") != "random"
 
     @property
     def rows_batched(self) -> bool:
@@ -194,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         description="The expected number of cases that exercise each mechanism in a conformance run.",
     )
     parser.add_argument("--examples", type=int, default=DEFAULT_EXAMPLES, help="cases per property (default 25)")
-    parser.add_argument("--runs", type=int, default=DEFAULT_RUNS, help="seeds to average over (default 10)")
+    parser.add_argument("--runs", type=int, default=DEFAULT_RUNS, help="seeds to average over (default 20)")
     options = parser.parse_args(argv)
     if options.examples < 1 or options.runs < 1:
         parser.error(f"--examples and --runs must be at least 1; got {options.examples} and {options.runs}")
