@@ -9,8 +9,15 @@ from refllm.testing.configs import tiny_config_json
 
 transformers = pytest.importorskip("transformers")
 
+def _rope_theta(config) -> float:
+    return config.rope_for_layer(0).theta
+
+
 # (model_type, key left out, where refllm keeps the value it reads)
 DEFAULTS = [
+    ("cohere", "rope_theta", _rope_theta),
+    ("mixtral", "rope_theta", _rope_theta),
+    ("smollm3", "rope_theta", _rope_theta),
     ("phi3", "rms_norm_eps", lambda c: c.norms.eps),
     ("mixtral", "rms_norm_eps", lambda c: c.norms.eps),
     ("gpt_oss", "rms_norm_eps", lambda c: c.norms.eps),
@@ -26,7 +33,11 @@ DEFAULTS = [
 def test_a_key_left_out_reads_as_transformers_default(model_type, key, read):
     config_json = tiny_config_json(model_type)
     config_json.pop(key, None)
-    expected = getattr(transformers.AutoConfig.for_model(model_type), key)
+    hf_config = transformers.AutoConfig.for_model(model_type)
+    if key == "rope_theta" and not hasattr(hf_config, key):  # transformers 5 keeps it in rope_parameters
+        expected = hf_config.rope_parameters[key]
+    else:
+        expected = getattr(hf_config, key)
     assert read(ModelConfig.from_hf(config_json)) == expected
 
 
