@@ -61,7 +61,7 @@ OPTIONAL_KEYS = {
     "qwen3_moe": ("norm_topk_prob", "decoder_sparse_step", "mlp_only_layers"),
     "gpt_oss": ("swiglu_limit",),
     "deepseek_v3": ("norm_topk_prob", "routed_scaling_factor", "rope_interleave"),
-    "cohere": ("logit_scale",),  # its rope_theta default differs across transformers versions: kept
+    "cohere": ("logit_scale",),  # rope_theta kept: refllm's default is transformers 5's
     "granite": ("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling"),
 }
 
