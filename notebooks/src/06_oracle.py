@@ -28,7 +28,7 @@ from refllm.testing.configs import tiny_config_json
 class ToyBackend(Backend):
     """Llama from checkpoint.tensors; no KV cache: every call recomputes the whole prompt."""
 
-    has_cache_ids = False  # so only the stateless properties (logits, greedy) apply
+    has_cache_ids = False  # so only the stateless properties (logits, long_horizon, greedy) apply
 
     def __init__(self, checkpoint):
         self.c, self.t = checkpoint.config, checkpoint.tensors
@@ -147,7 +147,8 @@ assert layer_errors(BrokenToyBackend(checkpoint))[0] > 1e-2 > 1e-4 > max(layer_e
 #
 # `run_conformance(factory)` calls `factory(checkpoint)` for each drawn model and checks
 # every property that applies (this backend has no KV cache, so those needing cache
-# ids are skipped). Our toy knows Llama only, so we draw Llama models: with and
+# ids are skipped, and `long_horizon` hands it sequences of up to 320 tokens in one
+# call). Our toy knows Llama only, so we draw Llama models: with and
 # without biases, tied embeddings, every RoPE scaling, head dims apart from
 # `D / H`, GQA ratios 1 to 3. A fixed seed makes the run reproducible; one thread is
 # fastest for tiny models.
@@ -171,8 +172,8 @@ assert results[0].status == "failed" and "layer 0" in results[0].detail
 results = run_conformance(ToyBackend, **options)
 for result in results:
     print(result.line())
-assert {r.name for r in results if r.status == "passed"} == {"logits", "greedy"}
-assert all(r.status == "skipped" for r in results if r.name not in ("logits", "greedy"))
+assert {r.name for r in results if r.status == "passed"} == {"logits", "long_horizon", "greedy"}
+assert all(r.status == "skipped" for r in results if r.name not in ("logits", "long_horizon", "greedy"))
 
 # %% [markdown]
 # Green. The same run from the command line, against a factory in your own package:

@@ -29,6 +29,7 @@ from refllm.rope_parameters import FULL_ATTENTION
 
 COHERE_LOGIT_SCALE = 0.0625  # transformers' CohereConfig default
 COHERE_LAYER_NORM_EPS = 1e-5
+COHERE_ROPE_THETA = 500_000.0  # transformers 5's CohereConfig default, when config.json names none
 
 
 def read_cohere(keys: HFKeys) -> dict[str, Any]:
@@ -46,7 +47,7 @@ def read_cohere(keys: HFKeys) -> dict[str, Any]:
         ),
         mlp=gated_mlp(keys),
         norms=Norms(NormPlacement.PARALLEL, NormKind.LAYER, eps),
-        rope={FULL_ATTENTION: single_rope(keys)},
+        rope={FULL_ATTENTION: single_rope(keys, COHERE_ROPE_THETA)},
         logit_scale=check_number(keys.get("logit_scale", COHERE_LOGIT_SCALE), "logit_scale", positive=True),
     )
 

@@ -44,6 +44,7 @@ from refllm.moe_parameters import GroupedExperts
 from refllm.recipe import LatentAttention
 from refllm.rope_parameters import FULL_ATTENTION, RopeParameters
 
+DEEPSEEK_ROUTED_SCALING_FACTOR = 2.5  # transformers' DeepseekV3Config default, when config.json names none
 EXPERTS = ExpertNames(correction_bias="mlp.gate.e_score_correction_bias", shared="mlp.shared_experts.")
 
 
@@ -96,7 +97,9 @@ def read_deepseek_v3(keys: HFKeys) -> dict[str, Any]:
         num_groups=keys.size("n_group", 1),
         groups_per_token=keys.size("topk_group", 1),
         norm_topk_prob=bool(keys.get("norm_topk_prob", True)),
-        routed_scaling_factor=check_number(keys.get("routed_scaling_factor", 1.0), "routed_scaling_factor"),
+        routed_scaling_factor=check_number(
+            keys.get("routed_scaling_factor", DEEPSEEK_ROUTED_SCALING_FACTOR), "routed_scaling_factor"
+        ),
         first_k_dense_replace=_count(keys, "first_k_dense_replace"),
         moe_layer_freq=keys.size("moe_layer_freq", 1),
     )

@@ -29,6 +29,7 @@ from refllm.rope_parameters import FULL_ATTENTION, SLIDING_ATTENTION
 # and up columns interleaved, biases on every projection (refllm/families/experts.py).
 EXPERTS = ExpertNames("mlp.router", None, interleaved=True, router_bias=True, expert_bias=True)
 GPT_OSS_ROPE_THETA = 150_000.0
+GPT_OSS_RMS_NORM_EPS = 1e-5  # transformers' GptOssConfig default
 # transformers' default when config.json names no RoPE scaling
 GPT_OSS_YARN = dict(
     rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0, truncate=False, original_max_position_embeddings=4096
@@ -51,7 +52,7 @@ def read_gpt_oss(keys: HFKeys) -> dict[str, Any]:
         **common,
         attention=grouped_query_attention(keys, bias=bias, output_bias=bias, sinks=True),
         mlp=mlp,
-        norms=rms_norms(keys),
+        norms=rms_norms(keys, default_eps=GPT_OSS_RMS_NORM_EPS),
         sliding_window=keys.get("sliding_window", 128),
         layer_types=layer_types,
         rope=rope_for_types(layer_types, single_rope(keys, GPT_OSS_ROPE_THETA)),

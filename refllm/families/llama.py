@@ -45,14 +45,15 @@ def read_llama(keys: HFKeys) -> dict[str, Any]:
     )
 
 
-def read_mistral(keys: HFKeys) -> dict[str, Any]:
+def read_mistral(keys: HFKeys, default_eps: float = 1e-6) -> dict[str, Any]:
+    """Mistral's keys (and Phi-3's, whose RMSNorm epsilon defaults to ``default_eps`` 1e-5)."""
     window = keys.get("sliding_window")
     layer_types = window_layer_types(keys, window, 0)
     return dict(
         **common_fields(keys),
         attention=grouped_query_attention(keys),
         mlp=gated_mlp(keys),
-        norms=rms_norms(keys),
+        norms=rms_norms(keys, default_eps=default_eps),
         sliding_window=window,
         layer_types=layer_types,
         rope=rope_for_types(layer_types, single_rope(keys)),

@@ -24,6 +24,7 @@ from refllm.families.tables import PRE_NORMS, ExpertNames, Tensor, attention_ten
 from refllm.moe_parameters import SOFTMAX_THEN_TOPK, MoeParameters
 
 MIXTRAL_ROPE_THETA = 1_000_000.0
+MIXTRAL_RMS_NORM_EPS = 1e-5  # transformers' MixtralConfig default
 EXPERTS = ExpertNames("block_sparse_moe.gate", "block_sparse_moe.experts.{e}.", ("w1", "w3", "w2"))
 
 
@@ -35,7 +36,7 @@ def read_mixtral(keys: HFKeys) -> dict[str, Any]:
         **common_fields(keys),
         attention=grouped_query_attention(keys),
         mlp=mlp,
-        norms=rms_norms(keys),
+        norms=rms_norms(keys, default_eps=MIXTRAL_RMS_NORM_EPS),
         sliding_window=window,
         layer_types=layer_types,
         rope=rope_for_types(layer_types, single_rope(keys, MIXTRAL_ROPE_THETA)),

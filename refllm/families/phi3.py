@@ -11,8 +11,15 @@ from __future__ import annotations
 from typing import Any
 
 from refllm.families.family import Architecture, GgufArchitecture, GgufFacts
+from refllm.families.keys import HFKeys
 from refllm.families.llama import read_mistral
 from refllm.families.tables import PRE_NORMS, Tensor, norm_tensors, one, rows
+
+PHI3_RMS_NORM_EPS = 1e-5  # transformers' Phi3Config default
+
+
+def read_phi3(keys: HFKeys) -> dict[str, Any]:
+    return read_mistral(keys, PHI3_RMS_NORM_EPS)
 
 
 def layer_tensors(c, layer: int, layout: str | None = None) -> list[Tensor]:
@@ -34,7 +41,7 @@ def phi3_file(facts: GgufFacts) -> dict[str, Any]:
 
 ARCHITECTURES = (
     Architecture(
-        "phi3", read_mistral, layer_tensors, "Phi3ForCausalLM", tiny_config=dict(partial_rotary_factor=0.5)
+        "phi3", read_phi3, layer_tensors, "Phi3ForCausalLM", tiny_config=dict(partial_rotary_factor=0.5)
     ),
 )
 # The fused [gate | up] projection is stored whole as ffn_up.

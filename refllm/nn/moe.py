@@ -21,11 +21,14 @@ Routings:
 
 Both give the same experts (softmax keeps the order); the weights differ unless renormalised.
 
-Tie rule: ``top_k`` orders experts by descending score and breaks an exact tie
-towards the lower expert index (a stable sort). transformers uses torch.topk,
-which orders distinct scores the same way but promises nothing among exact
-ties (on CPU its pick comes from std::nth_element); real router scores tie
-only by accident, and docs/layers/moe.md shows what each side does then.
+Tie rule, part of the spec: ``top_k`` orders experts by descending score and
+breaks an exact tie towards the lower expert index (a stable sort), whether a
+token runs alone or in a batch. Exact ties are real: sparse upcycling copies
+one router row into several experts, and a sigmoid router's scores saturate to
+1 (``moe_grouped.py``); the oracle kit draws both and holds backends to this
+rule. transformers uses torch.topk, which orders distinct scores the same way
+but promises nothing among exact ties (on CPU its pick comes from
+std::nth_element); docs/layers/moe.md shows what each side does then.
 """
 
 from __future__ import annotations

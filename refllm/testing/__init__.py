@@ -14,12 +14,13 @@ The modules, bottom up: ``tolerances`` (profiles), ``configs`` (tiny
 ``config.json`` dicts), ``checkpoint`` (a model's config and weights),
 ``layer_trace`` (refllm's models layer by layer), ``backends`` (adapters),
 ``factories``, ``greedy``, ``strategies``, ``properties``, ``truth`` and
-``explain``, ``suite`` (the runner), ``plugin`` and ``conformance`` (pytest),
-``golden``, ``hf`` (the transformers backend) and ``repro``. Samplers are checked
-apart from models: ``sampling_semantics`` (what each engine means by temperature,
-top-k, top-p, min-p and the penalties), ``sampling`` (the distribution a sampler
-draws from) and ``sampling_draws`` (the tokens it draws, and seeds independent of
-the batch). Importing this package needs numpy only; the strategies, the runner and
+``explain``, ``suite`` (the runner), ``mechanisms`` (how often the draws reach each
+mechanism), ``plugin`` and ``conformance`` (pytest), ``golden``, ``hf`` (the
+transformers backend) and ``repro``. Samplers are checked apart from models:
+``sampling_semantics`` (what each engine means by temperature, top-k, top-p, min-p
+and the penalties), ``sampling`` (the distribution a sampler draws from) and
+``sampling_draws`` (the tokens it draws, and seeds independent of the batch).
+Importing this package needs numpy only; the strategies, the runner and
 ``check_probabilities`` need hypothesis, ``hf`` needs torch and transformers.
 """
 

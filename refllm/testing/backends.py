@@ -8,7 +8,7 @@ A backend is any of:
   tokens)``, ``decode(cache_id, token, pos)``, ``decode_batch``, ``release``,
   ``reset``): wrapped by ``LLMBackend``;
 - a plain callable ``tokens -> logits[seq, vocab]``: wrapped by ``CallableBackend``
-  (only the stateless properties apply to it);
+  (the stateless properties apply to it: logits, greedy, and long_horizon in one call);
 - a ``Backend`` subclass of its own (``refllm.testing.hf.TransformersBackend`` is one).
 
 The conformance kit calls a *factory*, ``factory(checkpoint) -> backend``, once
@@ -338,7 +338,8 @@ class LLMBackend(Backend):
 
 
 class CallableBackend(Backend):
-    """A plain function tokens -> logits [T, V]: stateless, so only the logits properties apply."""
+    """A plain function tokens -> logits [T, V]: stateless, so only the properties of fresh prompts apply (logits,
+    greedy, and long_horizon's sequences of up to 320 tokens in one call)."""
 
     has_cache_ids = False
 

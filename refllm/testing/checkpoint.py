@@ -23,6 +23,37 @@ from refllm.config import ModelConfig
 from refllm.models.random import random_tensors
 from refllm.models.weights import canonical_name
 
+# A sparse layer's router rows, as each family names them (refllm/families/experts.py): [X, D] or [X].
+ROUTER_TENSORS = (
+    ".mlp.gate.weight",
+    ".block_sparse_moe.gate.weight",
+    ".mlp.router.weight",
+    ".mlp.router.bias",
+    ".mlp.gate.e_score_correction_bias",
+)
+ROUTERS = {
+    "random": "",
+    "duplicated": "duplicated router rows",  # experts 2j and 2j + 1 score the same, as after sparse upcycling
+    "saturated": "saturated router scores",  # the duplicated rows scaled up: DeepSeek's sigmoids tie at 1 as well
+}
+SATURATED_ROUTER_STD = 100.0  # the saturated routers' std: logits of std ~100 sqrt(D), past where sigmoid rounds to 1
+
+
+def tie_routers(tensors: dict[str, np.ndarray], router: str, std: float) -> dict[str, np.ndarray]:
+    """``tensors`` with every router's scores made to tie exactly, as ``router`` says (ROUTERS)."""
+    if router not in ROUTERS:
+        raise ValueError(f"router must be one of {', '.join(ROUTERS)}; got {router!r}")
+    tied = dict(tensors)
+    for name, array in tensors.items():
+        if router == "random" or not name.endswith(ROUTER_TENSORS):
+            continue
+        tied[name] = array[np.arange(len(array)) // 2 * 2]  # row i becomes row 2 (i // 2)
+        if router == "saturated" and name.endswith("e_score_correction_bias"):  # a uniform bias: it breaks no tie
+            tied[name] = np.zeros_like(array)
+        elif router == "saturated" and name.endswith(".weight"):
+            tied[name] = (tied[name] * np.float32(SATURATED_ROUTER_STD / std)).astype(np.float32)
+    return tied
+
 
 class Checkpoint:
     """config + named float32 tensors (+ the config.json they came from, + an optional tokenizer)."""
@@ -39,26 +70,32 @@ class Checkpoint:
         self._source = source
         self._path: Path | None = getattr(source, "directory", None)
         self._models: dict[str, Any] = {}  # the reference models, by dtype
-        self.weight_options: dict[str, Any] = {}  # Checkpoint.random's std and lm_head, to rebuild a drawn case
+        self.weight_options: dict[str, Any] = {}  # Checkpoint.random's std, lm_head and router, to rebuild a drawn case
 
     @classmethod
-    def random(cls, config_json: dict[str, Any], seed: int = 0, std: float = 0.1, lm_head: bool = False) -> Checkpoint:
+    def random(
+        cls, config_json: dict[str, Any], seed: int = 0, std: float = 0.1, lm_head: bool = False, router: str = "random"
+    ) -> Checkpoint:
         """Seeded N(0, std) weights (norm weights near 1) for a config.json dict.
 
         ``lm_head``: a tied config's checkpoint also carries an ``lm_head.weight`` of its own, which
-        a correct backend ignores (tied means the LM head is the embedding table).
+        a correct backend ignores (tied means the LM head is the embedding table). ``router``: a
+        mixture of experts' router scores tie exactly (ROUTERS), so the tie rule decides which experts run
+        (refllm/nn/moe.py: the lower index wins).
         """
         from refllm.models.contract import InMemorySource
 
         config = ModelConfig.from_hf(config_json)
-        tensors = random_tensors(config, seed, std)
+        tensors = tie_routers(random_tensors(config, seed, std), router, std)
         stray = lm_head and config.tie_word_embeddings
         if stray:
             rng = np.random.default_rng(seed + 1)
             tensors["lm_head.weight"] = rng.normal(0.0, std, tensors["model.embed_tokens.weight"].shape).astype(np.float32)
         description = f"random weights, seed {seed}" + (f", std {std:g}" if std != 0.1 else "")
-        checkpoint = cls(dict(config_json), InMemorySource(config, tensors), description + (", stray lm_head" if stray else ""), seed)
-        checkpoint.weight_options = {"std": std, "lm_head": lm_head}
+        description += ", stray lm_head" if stray else ""
+        description += f", {ROUTERS[router]}" if router != "random" and config.experts is not None else ""
+        checkpoint = cls(dict(config_json), InMemorySource(config, tensors), description, seed)
+        checkpoint.weight_options = {"std": std, "lm_head": lm_head, "router": router}
         return checkpoint
 
     @classmethod

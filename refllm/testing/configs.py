@@ -4,7 +4,9 @@ Hugging Face spellings, so that refllm (``ModelConfig.from_hf``) and
 transformers (``AutoConfig.for_model``) both build the model they describe:
 a shared tiny base, and over it the keys that switch on what each family does
 differently (its family module's ``tiny_config``, ``refllm/families/``).
-The hypothesis strategies in ``strategies.py`` draw variations of these.
+The hypothesis strategies in ``strategies.py`` draw variations of these, leaving
+out the keys ``optional_keys`` names and drawing each architecture as often as
+ARCHITECTURE_WEIGHTS says.
 """
 
 from __future__ import annotations
@@ -40,6 +42,39 @@ CLASS_NAMES = {  # the transformers causal-LM class of each architecture, for co
 }
 # config.json keys of its own each family's draws vary (strategies.py), with the values to draw from
 DRAWN_KEYS = {model_type: MODEL_TYPES[model_type].drawn_keys for model_type in ARCHITECTURES}
+
+
+# Architectures whose mechanisms few of their draws reach are drawn more often (weight: times each is listed),
+# so that a default run reaches each mechanism at least 5 times (mechanisms.py measures it).
+ARCHITECTURE_WEIGHTS = (
+    dict.fromkeys(ARCHITECTURES, 2)
+    | dict.fromkeys(("llama", "qwen2", "phi3", "gemma3_text", "cohere", "mixtral", "gpt_oss"), 3)
+    | {"qwen3_moe": 4, "smollm3": 5, "deepseek_v3": 5}
+)
+# Keys a config.json may leave out, the family's default then applying (refllm's readers and transformers'
+# config classes agree on each, tests/testing/test_oracle_hf.py): each is left out with probability 1/3.
+COMMON_OPTIONAL_KEYS = ("attention_bias", "mlp_bias", "tie_word_embeddings", "rms_norm_eps", "rope_theta", "hidden_act")
+OPTIONAL_KEYS = {
+    "phi3": ("partial_rotary_factor",),
+    "gemma2": ("attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar"),
+    "gemma3_text": ("final_logit_softcapping", "query_pre_attn_scalar"),
+    "qwen3_moe": ("norm_topk_prob", "decoder_sparse_step", "mlp_only_layers"),
+    "gpt_oss": ("swiglu_limit",),
+    "deepseek_v3": ("norm_topk_prob", "routed_scaling_factor", "rope_interleave"),
+    "cohere": ("logit_scale",),  # rope_theta kept: refllm's default is transformers 5's
+    "granite": ("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling"),
+}
+
+
+def optional_keys(model_type: str) -> tuple[str, ...]:
+    """The keys of ``model_type``'s config.json a draw may leave out."""
+    common = tuple(key for key in COMMON_OPTIONAL_KEYS if not (model_type == "cohere" and key == "rope_theta"))
+    return common + OPTIONAL_KEYS.get(model_type, ())
+
+
+def weighted(architectures: tuple[str, ...]) -> list[str]:
+    """Each architecture listed ARCHITECTURE_WEIGHTS times, for ``st.sampled_from``."""
+    return [name for name in architectures for _ in range(ARCHITECTURE_WEIGHTS[name])]
 
 
 def tiny_config_json(model_type: str, sliding_window: int = 5) -> dict[str, Any]:

@@ -45,7 +45,7 @@ class Case:
     seed: int | None
     profile: str
     args: dict[str, Any]
-    weights: dict[str, Any] = field(default_factory=dict)  # Checkpoint.random's std and lm_head
+    weights: dict[str, Any] = field(default_factory=dict)  # Checkpoint.random's std, lm_head and router
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

@@ -13,6 +13,9 @@ transformers and refllm's contract differ, the adapter bridges:
 - transformers does not check token ids (an id past the vocabulary raises
   IndexError, a negative one silently reads the last row), so the adapter
   refuses bad input as refllm does.
+- transformers picks experts with ``torch.topk``, which follows no index rule among
+  exactly tied router scores; checkpoints drawn with tied routers (``Checkpoint.random``'s
+  ``router``) are refused with ``Unsupported``, as refllm's tie rule cannot be asked of it.
 - Dynamic NTK RoPE in transformers keeps the longest length it has seen;
   refllm scales by the longest position of the current forward pass, so
   dynamic rotary modules are restored to their initial state before every forward.
@@ -31,7 +34,7 @@ import numpy as np
 
 from refllm.errors import InvalidInputError, TokenOutOfRangeError, UnknownSequenceError, WeightError
 from refllm.moe_parameters import MoeParameters
-from refllm.testing.backends import Backend
+from refllm.testing.backends import Backend, Unsupported
 
 
 class TransformersBackend(Backend):
@@ -184,6 +187,8 @@ def transformers_backend(checkpoint) -> TransformersBackend:
     import torch
     import transformers
 
+    if checkpoint.config.experts is not None and checkpoint.weight_options.get("router", "random") != "random":
+        raise Unsupported("torch.topk breaks exact ties among router scores by no index rule")
     if isinstance(checkpoint.config.experts, MoeParameters):
         # the Hub's per-expert tensors: transformers' own loader fuses them into its 3-D expert tensors
         model = transformers.AutoModelForCausalLM.from_pretrained(

@@ -4,17 +4,25 @@ Sizes are tiny (a model runs in milliseconds) but every flag that changes the
 arithmetic is drawn: grouped-query ratios, head dims apart from hidden / heads,
 RoPE bases and scaling variants, partial rotary dims, sliding windows shorter
 than the inputs, biases, q/k norms, tied embeddings, Gemma's soft-capping and
-layer-type patterns, SmolLM3's NoPE layers, OLMo 2's post-norms, mixture-of-experts
-routing (experts, experts per token, renormalisation, dense layers among sparse ones,
-gpt-oss's router bias, sinks and clamp), DeepSeek-V3's latent attention and grouped
-routing, and RMSNorm epsilons large enough that misplacing one shows in the logits.
+layer-type patterns, SmolLM3's NoPE layers (listed, or derived from an interval),
+OLMo 2's post-norms, mixture-of-experts routing (experts, experts per token,
+renormalisation, dense layers among sparse ones, gpt-oss's router bias, sinks and
+clamp), DeepSeek-V3's latent attention and grouped routing, and RMSNorm epsilons
+large enough that misplacing one shows in the logits.
+
+Optional keys are left out in one draw of three (``configs.OPTIONAL_KEYS``), as real
+checkpoints leave many out, so a backend must apply the family's defaults;
+architectures whose mechanisms few draws reach are drawn more often
+(``configs.ARCHITECTURE_WEIGHTS``), so that every mechanism is exercised at the default
+budget (``mechanisms.py`` measures it).
 
 ``hf_configs()`` draws ``config.json`` dicts that both refllm and transformers
 read; ``checkpoints()`` adds seeded random weights, their scale drawn over
 orders of magnitude (``weight_options``: std 0.01 to 1, so attention scores
 reach the hundreds, and tied checkpoints that also carry a stray
-``lm_head.weight``). Token ids cover the whole vocabulary, favouring its ends:
-the special ids 0..2 (pad, bos, eos) and the last id. ``long_horizon_cuts``
+``lm_head.weight``, and mixture-of-experts routers whose scores tie: duplicated
+rows, or scores saturated to 1). Token ids cover the whole vocabulary, favouring
+its ends: the special ids 0..2 (pad, bos, eos) and the last id. ``long_horizon_cuts``
 draws sequences of hundreds of positions cut near block, window and chunk edges.
 """
 
@@ -25,7 +33,14 @@ from typing import Any
 from hypothesis import strategies as st
 
 from refllm.testing.checkpoint import Checkpoint
-from refllm.testing.configs import ARCHITECTURES, CLASS_NAMES, DRAWN_KEYS, check_architectures
+from refllm.testing.configs import (
+    ARCHITECTURES,
+    CLASS_NAMES,
+    DRAWN_KEYS,
+    check_architectures,
+    optional_keys,
+    weighted,
+)
 
 SPECIAL_IDS = (0, 1, 2)  # pad, bos, eos in every drawn config
 MAX_POSITION_EMBEDDINGS = 64  # of every drawn config but the dynamic NTK ones (16, so inputs run past it)
@@ -34,6 +49,20 @@ MAX_TOTAL_TOKENS = 32
 LONG_HORIZON_POSITIONS = 512  # max_position_embeddings of the configs drawn for long_horizon
 LONG_HORIZON_MAX = 320  # longest long_horizon sequence
 WEIGHT_STDS = (0.01, 0.1, 0.1, 1.0)  # 0.1 twice: the usual scale is drawn most; past 1, float32 itself drifts past 2e-4 of the spread over hundreds of positions
+# Checkpoint.random's router: duplicated rows tie every family's scores, saturated ones DeepSeek-V3's sigmoids too.
+# In these lists the plain value comes first, where hypothesis shrinks to; repeats weight the others.
+ROUTERS = ("random", "duplicated", "saturated", "duplicated", "saturated", "saturated")
+BIASES = st.sampled_from([False, True, True, True])  # on in 1 draw of 2, once left out (off) one draw in three
+
+
+@st.composite
+def without_some_defaults(draw, config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with each of its optional keys left out with probability 1/3."""
+    return {
+        key: value
+        for key, value in config.items()
+        if key not in optional_keys(config["model_type"]) or draw(st.sampled_from([True, True, False]))
+    }
 
 
 @st.composite
@@ -52,17 +81,25 @@ def rope_scalings(draw, max_positions: int = MAX_POSITION_EMBEDDINGS, dynamic: b
 
 @st.composite
 def hf_configs(draw, architectures: tuple[str, ...] = ARCHITECTURES, long_horizon: bool = False) -> dict[str, Any]:
-    """A tiny ``config.json`` dict for one of ``architectures``.
+    """A tiny ``config.json`` dict for one of ``architectures`` (weighted by ARCHITECTURE_WEIGHTS), some of
+    its optional keys left out.
 
     ``long_horizon``: room for LONG_HORIZON_POSITIONS positions, and no dynamic NTK scaling
     (whose cached and one-shot forwards differ by design: ``history.py``).
     """
+    model_type = draw(st.sampled_from(weighted(check_architectures(architectures))))
+    return draw(without_some_defaults(draw(full_configs(model_type, long_horizon))))
+
+
+@st.composite
+def full_configs(draw, model_type: str, long_horizon: bool = False) -> dict[str, Any]:
+    """A tiny ``config.json`` dict of ``model_type`` with every key written (but SmolLM3's NoPE keys)."""
     max_positions = LONG_HORIZON_POSITIONS if long_horizon else MAX_POSITION_EMBEDDINGS
-    model_type = draw(st.sampled_from(check_architectures(architectures)))
     kv_heads = draw(st.integers(1, 2))
     heads = kv_heads * draw(st.integers(1, 3))  # GQA ratios 1, 2, 3 (and multi-query)
     head_dim = draw(st.sampled_from([4, 8, 12, 16]))
-    layers = draw(st.integers(1, 2))
+    mixture = model_type in (*MOE_ARCHITECTURES, "deepseek_v3")
+    layers = draw(st.sampled_from([1, 2, 2] if mixture else [1, 2]))  # sparse and dense layers together need two
     if model_type == "deepseek_v3":
         kv_heads = heads  # transformers' latent attention expands one key per query head
     if model_type in ("phi3", "qwen2"):
@@ -95,7 +132,7 @@ def hf_configs(draw, architectures: tuple[str, ...] = ARCHITECTURES, long_horizo
                 st.lists(st.sampled_from(["sliding_attention", "full_attention"]), min_size=layers, max_size=layers)
             ),
             query_pre_attn_scalar=draw(st.sampled_from([head_dim, 24, 256])),
-            final_logit_softcapping=draw(st.sampled_from([None, 3.0])),
+            final_logit_softcapping=draw(st.sampled_from([None, 3.0, 3.0])),
             attention_bias=draw(st.booleans()),
             rope_parameters={
                 "full_attention": {"rope_type": "default", "rope_theta": theta}
@@ -138,29 +175,46 @@ def hf_configs(draw, architectures: tuple[str, ...] = ARCHITECTURES, long_horizo
         if scaling["rope_type"] == "dynamic":
             config["max_position_embeddings"] = 16  # so inputs run past it and the base grows
     if model_type == "llama":
-        config |= dict(attention_bias=draw(st.booleans()), mlp_bias=draw(st.booleans()))
+        config |= dict(attention_bias=draw(BIASES), mlp_bias=draw(BIASES))
     elif model_type in ("qwen3", "olmo2"):
         config |= dict(attention_bias=draw(st.booleans()))
-    elif model_type == "smollm3":  # no_rope_layers: 1 where the layer rotates, 0 for a NoPE layer
-        flags = st.lists(st.sampled_from([0, 1]), min_size=layers, max_size=layers)
-        config |= dict(attention_bias=draw(st.booleans()), mlp_bias=draw(st.booleans()), no_rope_layers=draw(flags))
+    elif model_type == "smollm3":
+        config |= dict(attention_bias=draw(BIASES), mlp_bias=draw(BIASES)) | draw(nope_keys(layers))
     elif model_type == "phi3":
         config |= dict(
-            partial_rotary_factor=draw(st.sampled_from([1.0, 0.5])), sliding_window=draw(st.none() | st.just(window))
+            partial_rotary_factor=draw(st.sampled_from([1.0, 0.5, 0.5])),
+            sliding_window=draw(st.sampled_from([None, window])),
         )
     elif model_type == "mistral":
-        config |= dict(sliding_window=draw(st.none() | st.just(window)))
+        config |= dict(sliding_window=draw(st.sampled_from([None, window, window])))
     elif model_type == "qwen2":
         config |= dict(
-            use_sliding_window=draw(st.booleans()),
+            use_sliding_window=draw(st.sampled_from([False, True, True])),
             sliding_window=window,
-            max_window_layers=draw(st.integers(0, layers)),
+            max_window_layers=draw(st.sampled_from([*range(layers)] * 2 + [layers])),  # layers from there on slide
         )
     # a family's own keys, as its module declares the values to draw (refllm/families/)
     return config | {key: draw(st.sampled_from(values)) for key, values in DRAWN_KEYS[model_type].items()}
 
 
 MOE_ARCHITECTURES = ("mixtral", "qwen3_moe", "gpt_oss")
+
+
+@st.composite
+def nope_keys(draw, layers: int) -> dict[str, Any]:
+    """SmolLM3's NoPE layers as checkpoints spell them: listed in ``no_rope_layers`` (1 where the layer
+    rotates, 0 for a NoPE layer; with or without the interval beside it), derived from
+    ``no_rope_layer_interval`` alone (layer i skips RoPE where (i + 1) % interval == 0), or neither
+    (transformers' default interval, 4)."""
+    flags = st.lists(st.sampled_from([0, 1]), min_size=layers, max_size=layers)
+    interval = st.integers(1, 4)
+    spelling = draw(st.sampled_from(["interval", "neither", "listed", "interval", "neither", "listed and interval"]))
+    keys = {}
+    if "listed" in spelling:
+        keys["no_rope_layers"] = draw(flags)
+    if "interval" in spelling:
+        keys["no_rope_layer_interval"] = draw(interval)
+    return keys
 
 
 @st.composite
@@ -184,8 +238,8 @@ def moe_keys(
         return keys | dict(
             rope_theta=theta,
             moe_intermediate_size=draw(st.sampled_from([8, 16, 24])),
-            norm_topk_prob=draw(st.booleans()),
-            decoder_sparse_step=draw(st.integers(1, 2)),
+            norm_topk_prob=draw(st.sampled_from([False, True, True])),
+            decoder_sparse_step=draw(st.sampled_from([1, 2])),
             mlp_only_layers=draw(st.lists(st.integers(0, layers - 1), max_size=1)),
             attention_bias=draw(st.booleans()),
         )
@@ -195,7 +249,7 @@ def moe_keys(
         layer_types=draw(
             st.lists(st.sampled_from(["sliding_attention", "full_attention"]), min_size=layers, max_size=layers)
         ),
-        swiglu_limit=draw(st.sampled_from([0.5, 7.0])),
+        swiglu_limit=draw(st.sampled_from([0.5, 0.5, 7.0])),
         rope_parameters={"rope_theta": theta} | draw(st.sampled_from([{"rope_type": "default"}, yarn])),
     )
 
@@ -220,16 +274,20 @@ def deepseek_options(draw, head_dim: int, layers: int) -> dict[str, Any]:
         topk_group=groups_per_token,
         num_experts_per_tok=draw(st.integers(1, groups_per_token * experts // num_groups)),
         n_shared_experts=draw(st.integers(1, 2)),  # transformers builds 0 as empty tensors
-        norm_topk_prob=draw(st.booleans()),
-        routed_scaling_factor=draw(st.sampled_from([1.0, 2.5])),
-        first_k_dense_replace=draw(st.integers(0, layers)),
+        norm_topk_prob=draw(st.sampled_from([False, True, True])),
+        routed_scaling_factor=draw(st.sampled_from([1.0, 2.5, 0.5])),
+        # mostly a sparse layer, after a dense one where there are two layers
+        first_k_dense_replace=draw(st.sampled_from([0, 0, 1] if layers == 1 else [0, 1, 1, 2])),
         tie_word_embeddings=draw(st.booleans()),
     )
 
 
 def weight_options() -> st.SearchStrategy[dict[str, Any]]:
-    """Keyword arguments of ``Checkpoint.random`` besides config and seed: the weights' std, a stray lm_head."""
-    return st.fixed_dictionaries({"std": st.sampled_from(WEIGHT_STDS), "lm_head": st.booleans()})
+    """Keyword arguments of ``Checkpoint.random`` besides config and seed: the weights' std, a stray lm_head,
+    the routers' ties (mixtures of experts only)."""
+    return st.fixed_dictionaries(
+        {"std": st.sampled_from(WEIGHT_STDS), "lm_head": st.booleans(), "router": st.sampled_from(ROUTERS)}
+    )
 
 
 def checkpoints(configs: st.SearchStrategy[dict[str, Any]] | None = None) -> st.SearchStrategy[Checkpoint]:

@@ -318,6 +318,17 @@ class RopeOnNopeLayers(DecoderModel):
         super().__init__(config.with_overrides(nope_layers=()), weights, tokenizer, *args)
 
 
+def _nope_interval_off_by_one(checkpoint) -> ModelBackend:
+    """SmolLM3's NoPE layers derived from ``no_rope_layer_interval`` one layer early (layer i skips RoPE where
+    i % interval == 0, not (i + 1) % interval == 0); a listed ``no_rope_layers`` is read right."""
+    config, keys = checkpoint.config, checkpoint.config_json
+    if keys.get("model_type") == "smollm3" and keys.get("no_rope_layers") is None:
+        interval = keys.get("no_rope_layer_interval", 4)
+        config = config.with_overrides(nope_layers=tuple(range(0, config.num_hidden_layers, interval)))
+    model = DecoderModel.load(InMemorySource(config, checkpoint.tensors))
+    return ModelBackend(model, CacheConfig(kind="contiguous"), "NopeIntervalOffByOne")
+
+
 class PreNormNotPostNorm(DecoderModel):
     """OLMo 2's norms applied to the sublayers' inputs (Llama's placement) instead of their outputs."""
 
@@ -442,6 +453,24 @@ class RoutingBiasInWeights(_Rerouted):
         return functools.partial(_bias_in_weights, **route.keywords) if route.func is grouped_topk_routing else route
 
 
+def _scaled_then_renormalised(router_logits, correction_bias, **settings):
+    """DeepSeek's routing with routed_scaling_factor applied before the renormalisation, which undoes it."""
+    expert_ids, _ = grouped_topk_routing(router_logits, correction_bias, **settings)
+    weights = np.take_along_axis(sigmoid(router_logits), expert_ids, axis=-1) * settings["routed_scaling_factor"]
+    if settings["norm_topk_prob"]:
+        weights = weights / (weights.sum(axis=-1, keepdims=True) + 1e-20)
+    return expert_ids, weights
+
+
+class ScalingBeforeRenormalisation(_Rerouted):
+    """DeepSeek's routed_scaling_factor applied to the chosen weights before they are renormalised, not after."""
+
+    def wrong(self, route):
+        if route.func is not grouped_topk_routing:
+            return route
+        return functools.partial(_scaled_then_renormalised, **route.keywords)
+
+
 # --- mixtures of experts and attention sinks ------------------------------------------------------
 
 
@@ -473,6 +502,60 @@ class SinksDropped(DecoderModel):
             return replace(w, attention=replace(w.attention, sinks=None))
 
         super().__init__(config, replace(weights, layers=[sinkless(w) for w in weights.layers]), tokenizer, *args)
+
+
+def _experts_reversed(mlp: SparseMLP) -> SparseMLP:
+    """The same sparse layer with its experts numbered backwards: the stable top-k then breaks an exact
+    tie towards the higher original index, and nothing else changes."""
+    w, route = mlp.w, mlp.route
+
+    def backwards(array):
+        return None if array is None else np.ascontiguousarray(array[::-1])
+
+    reversed_w = replace(w, router=backwards(w.router), router_bias=backwards(w.router_bias),
+                         correction_bias=backwards(w.correction_bias), experts=w.experts[::-1])  # fmt: skip
+    if "correction_bias" in route.keywords:
+        route = functools.partial(route.func, **route.keywords | {"correction_bias": backwards(w.correction_bias)})
+    return SparseMLP(reversed_w, route, mlp.expert_mlp, mlp.linear)
+
+
+class _TiesToHigherIndexInBatches:
+    """A sparse layer that, run on several sequences at once, breaks router ties towards the higher index."""
+
+    def __init__(self, mlp: SparseMLP):
+        self.alone, self.batched = mlp, _experts_reversed(mlp)
+
+    def __call__(self, h):
+        return (self.batched if h.shape[0] > 1 else self.alone)(h)
+
+
+class TiesReversedInBatches(DecoderModel):
+    """Exactly tied router scores go to the higher expert index when sequences are decoded together
+    (decode_batch), to the lower one (refllm's rule) when each runs alone."""
+
+    def __init__(self, config, weights, tokenizer=None, *args):
+        super().__init__(config, weights, tokenizer, *args)
+        self.layers = op_by_op_layers(self.layers)
+        for layer in self.layers:
+            if isinstance(layer.mlp, SparseMLP):
+                layer.mlp = _TiesToHigherIndexInBatches(layer.mlp)
+
+
+# --- plain callables -----------------------------------------------------------------------------
+
+PIECE = 24  # the logits property's longest prompt
+
+
+def _callable_in_pieces(checkpoint):
+    """A plain callable that runs a prompt as independent pieces of PIECE tokens: right up to position
+    PIECE - 1, blind past it to everything before the current piece."""
+    backend = ModelBackend(DecoderModel.load(checkpoint), CacheConfig(kind="contiguous"))
+
+    def logits(tokens):
+        return np.concatenate([backend.all_logits(tokens[i : i + PIECE]) for i in range(0, len(tokens), PIECE)])
+
+    logits.__qualname__ = "CallableInPieces"
+    return logits
 
 
 # --- runtimes whose bookkeeping is wrong (seen through LLMBackend) --------------------------------
@@ -664,6 +747,23 @@ def pre_norm_not_post_norm(checkpoint):
     return _backend(PreNormNotPostNorm, checkpoint)
 
 
+def nope_interval_off_by_one(checkpoint):
+    return _nope_interval_off_by_one(checkpoint)
+
+
+def scaling_before_renormalisation(checkpoint):
+    return _backend(ScalingBeforeRenormalisation, checkpoint)
+
+
+def ties_reversed_in_decode_batch(checkpoint):
+    llm = LLM(TiesReversedInBatches.load(checkpoint), CacheConfig(kind="paged", block_size=BLOCK_SIZE))
+    return LLMBackend(llm, "TiesReversedInDecodeBatch")
+
+
+def callable_in_pieces(checkpoint):
+    return _callable_in_pieces(checkpoint)
+
+
 MUTANTS = [
     rope_base_off,
     interleaved_rope,
@@ -695,13 +795,18 @@ MUTANTS = [
     softcap_after_mask,
     rope_on_nope_layers,
     pre_norm_not_post_norm,
+    nope_interval_off_by_one,
+    scaling_before_renormalisation,
+    ties_reversed_in_decode_batch,
+    callable_in_pieces,
 ]
 
-# The property each mutant of issue 16 must be reported by: the one whose call exposes the bug.
+# The property each of these mutants must be reported by: the one whose call exposes the bug.
 EXPECTED_PROPERTY = {
     "rope_table_of_32": "long_horizon",
     "greedy_skips_last_id": "own_greedy",
     "accepts_decode_on_unknown_id": "errors",
     "release_keeps_kv": "schedule",
     "batch_rows_sorted": "batch",
+    "callable_in_pieces": "long_horizon",  # a plain callable is taken past 24 positions there
 }

@@ -4,10 +4,20 @@ is placed at its layer and op: through output_hidden_states and hooks on each la
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
 
-from refllm.testing import SUBLAYER_POINTS, Checkpoint, ConformanceFailure, check_logits, get_profile, refllm_contiguous
-from refllm.testing.configs import ARCHITECTURES, tiny_config_json
+from refllm.testing import (
+    SUBLAYER_POINTS,
+    Checkpoint,
+    ConformanceFailure,
+    check_logits,
+    get_profile,
+    refllm_contiguous,
+    run_conformance,
+)
+from refllm.testing.configs import ARCHITECTURES, optional_keys, tiny_config_json
 from refllm.testing.explain import first_divergent_layer
+from refllm.testing.strategies import full_configs
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -17,7 +27,6 @@ TOKENS = [0, 5, 9, 17, 3, 63]
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_transformers_conforms_to_refllm(arch):
-    from refllm.testing import run_conformance
     from refllm.testing.hf import transformers_backend
 
     results = run_conformance(transformers_backend, max_examples=4, architectures=(arch,), seed=0, threads=1)
@@ -33,12 +42,7 @@ def test_transformers_conforms_to_refllm(arch):
 def test_every_point_inside_every_layer_matches_the_reference(arch):
     from refllm.testing.hf import transformers_backend
 
-    # epsilon and RoPE base written out, as the kit's draws write them: where config.json leaves them out, refllm's
-    # defaults differ from transformers' (the RMSNorm epsilon of phi3, mixtral and gpt_oss, cohere's RoPE base)
-    config_json = tiny_config_json(arch) | {"rms_norm_eps": 1e-5}
-    if "rope_parameters" not in config_json:
-        config_json["rope_theta"] = 10_000.0
-    checkpoint = Checkpoint.random(config_json, 0)
+    checkpoint = Checkpoint.random(tiny_config_json(arch), 0)
     backend, reference = transformers_backend(checkpoint), refllm_contiguous(checkpoint)
     got, want, profile = backend.sublayer_states(TOKENS), reference.sublayer_states(TOKENS), get_profile("float32")
     assert len(got) == len(want) == checkpoint.config.num_hidden_layers
@@ -106,3 +110,18 @@ def test_an_embedding_bug_is_reported_at_the_embeddings():
     report = str(failure.value)
     assert "hidden states first diverge at the embeddings (" in report
     assert "in layer" not in report
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_every_key_the_draws_leave_out_has_the_same_default_in_transformers(arch):
+    """All of a family's optional keys left out at once: transformers' defaults and refllm's build the same model."""
+    from refllm.testing.hf import transformers_backend
+
+    @settings(max_examples=2, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(config=full_configs(arch))
+    def defaults_agree(config):
+        config = {key: value for key, value in config.items() if key not in optional_keys(arch)}
+        checkpoint = Checkpoint.random(config, 0, std=0.5)
+        check_logits(transformers_backend(checkpoint), checkpoint, tokens=list(range(3, 12)))
+
+    defaults_agree()

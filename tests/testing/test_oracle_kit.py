@@ -59,7 +59,7 @@ def test_runtime_llm_conforms_to_the_spec():
     _assert_all_pass(run_conformance(refllm_llm, max_examples=6, **FAST))
 
 
-def test_a_plain_callable_gets_the_stateless_properties():
+def test_a_plain_callable_gets_the_stateless_properties_and_the_long_horizon():
     def factory(checkpoint):
         model = checkpoint.reference()
         return lambda tokens: model.prefill_all_logits(np.array([tokens]), model.create_kv_cache(), range(len(tokens)))[
@@ -67,8 +67,8 @@ def test_a_plain_callable_gets_the_stateless_properties():
         ]
 
     results = {r.name: r for r in run_conformance(factory, max_examples=3, **FAST)}
-    assert {name for name, r in results.items() if r.status == "passed"} == {"logits", "greedy"}
-    assert all(r.status == "skipped" for name, r in results.items() if name not in ("logits", "greedy"))
+    assert {name for name, r in results.items() if r.status == "passed"} == {"logits", "long_horizon", "greedy"}
+    assert all(r.status == "skipped" for name, r in results.items() if name not in ("logits", "long_horizon", "greedy"))
 
 
 # --- failures explain themselves -------------------------------------------------------------
@@ -210,7 +210,7 @@ def test_drawn_configs_build_models_and_schedules_stay_valid(config, data):
 def test_strategies_reach_every_architecture_and_flag():
     seen: set[str] = set()
 
-    @settings(max_examples=300, deadline=None, database=None)
+    @settings(max_examples=300, deadline=None, database=None, derandomize=True)  # the draws cluster: fixed
     @given(hf_configs())
     def collect(config):
         c = ModelConfig.from_hf(config)
