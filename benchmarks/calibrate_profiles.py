@@ -22,9 +22,12 @@ times a margin, both stated in its reason (docs/oracle.md has the table).
 from __future__ import annotations
 
 import argparse
+import time
 from dataclasses import replace
 
 import numpy as np
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import seed as hypothesis_seed
 
 from refllm.kv.base import CacheConfig
 from refllm.models.decoder import DecoderModel
@@ -33,20 +36,14 @@ from refllm.nn.attention import attention
 from refllm.nn.linear import linear
 from refllm.testing.checkpoint import Checkpoint
 from refllm.testing.configs import ARCHITECTURES, tiny_config_json
+from refllm.testing.emulated import EMULATED, bfloat16_round, float16_round
+from refllm.testing.factories import refllm_contiguous, refllm_float64
+from refllm.testing.compare import ConformanceFailure
+from refllm.testing.suite import cases, run_properties
+from refllm.testing.tolerances import PROFILES
 
 WEIGHT_STDS = (0.02, 0.1, 0.5)
 PROMPT_LENGTH = 24
-
-
-def bfloat16_round(x: np.ndarray) -> np.ndarray:
-    """Round float32 to the nearest bfloat16 (ties to even), kept in float32."""
-    bits = np.ascontiguousarray(x, np.float32).view(np.uint32)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    return rounded.astype(np.uint32).view(np.float32)
-
-
-def float16_round(x: np.ndarray) -> np.ndarray:
-    return np.asarray(x, np.float32).astype(np.float16).astype(np.float32)
 
 
 def rounded_ops(round_to):
@@ -131,10 +128,79 @@ def measure(seeds: int) -> dict[str, np.ndarray]:
     return {name: np.concatenate(values) for name, values in errors.items()}
 
 
+POSITION_BINS = (0, 32, 64, 128, 256, 321)  # edges; the kit's longest long_horizon sequence is 320
+
+
+def horizon_errors(case_count: int, seed: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each emulated engine (and the float32 spec) against float64 truth on the kit's own ``long_horizon``
+    draws: name -> (position, max |Δ| / std(truth) there), one entry per position of every case."""
+    engines = {"float32 spec": refllm_contiguous} | {name: factory for name, (factory, _) in EMULATED.items()}
+    positions: list[np.ndarray] = []
+    ratios: dict[str, list[np.ndarray]] = {name: [] for name in engines}
+
+    @settings(max_examples=case_count, database=None, deadline=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @given(case=cases(("long_horizon",), "float32"))
+    def measure_case(case) -> None:
+        checkpoint, tokens = case.checkpoint(), case.args["tokens"]
+        truth = refllm_float64(checkpoint).all_logits(tokens)
+        positions.append(np.arange(len(tokens)))
+        for name, factory in engines.items():
+            ratios[name].append(spread_errors(factory(checkpoint).all_logits(tokens), truth))
+
+    hypothesis_seed(seed)(measure_case)()
+    at = np.concatenate(positions)
+    return {name: (at, np.concatenate(values)) for name, values in ratios.items()}
+
+
+def print_horizons(case_count: int, seed: int) -> None:
+    started = time.perf_counter()
+    measured = horizon_errors(case_count, seed)
+    print(f"max |Δ| / std(truth logits) by position, {case_count} long_horizon draws of the kit (seed {seed}),"
+          f" {time.perf_counter() - started:.0f} s")  # fmt: skip
+    bins = list(zip(POSITION_BINS[:-1], POSITION_BINS[1:]))
+    print(f"{'engine':22} {'profile':9}" + "".join(f" {f'{lo}-{hi - 1}':>17}" for lo, hi in bins) + "   (p99.9 / max)")
+    for name, (at, ratios) in measured.items():
+        profile = EMULATED[name][1] if name in EMULATED else "float32"
+        cells = []
+        for lo, hi in bins:
+            inside = ratios[(at >= lo) & (at < hi)]
+            cells.append(f"{np.percentile(inside, 99.9):8.2g}/{inside.max():<8.2g}" if len(inside) else "-")
+        tolerance = PROFILES[profile]
+        needed = (ratios / tolerance.growth(at)).max()
+        print(f"{name:22} {profile:9}" + "".join(f" {cell:>17}" for cell in cells)
+              + f"   worst / growth {needed:.3g} at {at[np.argmax(ratios / tolerance.growth(at))]},"
+              f" spread_tol {tolerance.spread_tol:g}: margin {tolerance.spread_tol / needed:.2g}")  # fmt: skip
+
+
+def check_emulated(case_count: int, seed: int, properties: tuple[str, ...]) -> None:
+    """Run the kit on each emulated engine under its profile: cases run, and the first failure if any."""
+    for name, (factory, profile) in EMULATED.items():
+        started = time.perf_counter()
+        try:
+            runs, failure = run_properties(properties, factory, profile, case_count, shrink=False, seed=seed, threads=1), ""
+        except ConformanceFailure as error:
+            runs, failure = error.examples, str(error).splitlines()[0]
+        print(f"{name:22} {profile:9} {', '.join(properties)}: {runs} cases, {1 if failure else 0} false alarms"
+              f" ({time.perf_counter() - started:.0f} s) {failure}", flush=True)  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=8, help="weight seeds per architecture and scale (default 8)")
+    parser.add_argument("--horizons", type=int, default=0, metavar="N",
+                        help="also measure the emulated engines on N of the kit's long_horizon draws")  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0, help="hypothesis seed of those draws (default 0)")
+    parser.add_argument("--check", type=int, default=0, metavar="N",
+                        help="run N cases of the kit's properties (--properties) on each emulated engine")  # fmt: skip
+    parser.add_argument("--properties", default="long_horizon", help="comma-separated (default long_horizon)")
     args = parser.parse_args()
+    if args.check:
+        check_emulated(args.check, args.seed, tuple(args.properties.split(",")))
+        return
+    if args.horizons:
+        print_horizons(args.horizons, args.seed)
+        return
     measured = measure(args.seeds)
     print("max |Δ| / std(truth logits) per position, against float64 truth")
     print(f"{'arithmetic':20} {'positions':>9} {'median':>9} {'p99':>9} {'p99.9':>9} {'max':>9}")
