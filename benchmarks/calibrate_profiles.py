@@ -177,8 +177,9 @@ def check_emulated(case_count: int, seed: int, properties: tuple[str, ...]) -> N
     """Run the kit on each emulated engine under its profile: cases run, and the first failure if any."""
     for name, (factory, profile) in EMULATED.items():
         started = time.perf_counter()
+        failure = ""
         try:
-            runs, failure = run_properties(properties, factory, profile, case_count, shrink=False, seed=seed, threads=1), ""
+            runs = run_properties(properties, factory, profile, case_count, shrink=False, seed=seed, threads=1)
         except ConformanceFailure as error:
             runs, failure = error.examples, str(error).splitlines()[0]
         print(f"{name:22} {profile:9} {', '.join(properties)}: {runs} cases, {1 if failure else 0} false alarms"

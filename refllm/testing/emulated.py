@@ -101,7 +101,12 @@ def _rounded_kv(ops: OpSet, round_to: Callable) -> OpSet:
 
 
 def _quantized_inputs(ops: OpSet) -> OpSet:
-    return replace(ops, name=f"{ops.name}, Q8_0 inputs", linear=lambda x, *args, **options: ops.linear(q8_0_round(x), *args, **options))
+    """``ops`` with every projection's input quantized to Q8_0 blocks."""
+
+    def linear(x, *args, **options):
+        return ops.linear(q8_0_round(x), *args, **options)
+
+    return replace(ops, name=f"{ops.name}, Q8_0 inputs", linear=linear)
 
 
 class _RoundedLayer:
