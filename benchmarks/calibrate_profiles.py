@@ -1,6 +1,9 @@
 """Measure the logit error of each arithmetic against float64 truth, relative to the logits' spread.
 
     python benchmarks/calibrate_profiles.py [--seeds 8]
+    python benchmarks/calibrate_profiles.py --horizons 1000 --seed 0   the profiles at every horizon
+    python benchmarks/calibrate_profiles.py --check 1000 --seed 7      the kit on each emulated engine
+    python benchmarks/calibrate_profiles.py --gallery bfloat16         the mutant gallery under a profile
 
 For every architecture's tiny config, several weight seeds and weight scales
 (std 0.02, 0.1, 0.5: logits from near-uniform to peaked), and a prompt of 24
@@ -17,13 +20,23 @@ and records, per position, max |logits - truth| / std(truth) over the
 vocabulary. It prints the percentiles of that ratio per arithmetic; each
 profile in ``refllm/testing/tolerances.py`` is the worst ratio observed
 times a margin, both stated in its reason (docs/oracle.md has the table).
+
+``--horizons N`` measures the engines of ``refllm/testing/emulated.py`` (right
+but for their rounding) on N of the kit's own ``long_horizon`` draws, up to
+320 positions, by position; the low-precision profiles' spread_tol is twice the
+worst ratio over their growth sqrt(1 + t / 64). ``--check N`` runs the kit's
+properties on each of those engines under its profile (0 false alarms is the
+claim), ``--gallery PROFILE`` the mutant gallery under a profile (what the
+profile still catches).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 from hypothesis import HealthCheck, Phase, given, settings
@@ -39,7 +52,7 @@ from refllm.testing.configs import ARCHITECTURES, tiny_config_json
 from refllm.testing.emulated import EMULATED, bfloat16_round, float16_round
 from refllm.testing.factories import refllm_contiguous, refllm_float64
 from refllm.testing.compare import ConformanceFailure
-from refllm.testing.suite import cases, run_properties
+from refllm.testing.suite import cases, first_failure, run_properties
 from refllm.testing.tolerances import PROFILES
 
 WEIGHT_STDS = (0.02, 0.1, 0.5)
@@ -186,6 +199,21 @@ def check_emulated(case_count: int, seed: int, properties: tuple[str, ...]) -> N
               f" ({time.perf_counter() - started:.0f} s) {failure}", flush=True)  # fmt: skip
 
 
+def gallery_under(profile: str, max_cases: int) -> None:
+    """The mutant gallery (tests/helpers/mutants.py) under ``profile``: which mutants the kit still catches."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for tests.helpers
+    from tests.helpers.mutants import MUTANTS
+
+    started, missed = time.perf_counter(), []
+    for mutant in MUTANTS:
+        failure, cases_run = first_failure(mutant, max_examples=max_cases, profile=profile, threads=1)
+        print(f"  {mutant.__name__:36} " + (f"caught by {failure.property} after {cases_run} cases" if failure
+              else f"MISSED after {cases_run} cases"), flush=True)  # fmt: skip
+        missed += [] if failure else [mutant.__name__]
+    print(f"{profile}: {len(MUTANTS) - len(missed)}/{len(MUTANTS)} mutants caught, up to {max_cases} cases a property"
+          f" ({time.perf_counter() - started:.0f} s)")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=8, help="weight seeds per architecture and scale (default 8)")
@@ -195,7 +223,11 @@ def main() -> None:
     parser.add_argument("--check", type=int, default=0, metavar="N",
                         help="run N cases of the kit's properties (--properties) on each emulated engine")  # fmt: skip
     parser.add_argument("--properties", default="long_horizon", help="comma-separated (default long_horizon)")
+    parser.add_argument("--gallery", metavar="PROFILE", help="run the mutant gallery under this profile")
     args = parser.parse_args()
+    if args.gallery:
+        gallery_under(args.gallery, 60)
+        return
     if args.check:
         check_emulated(args.check, args.seed, tuple(args.properties.split(",")))
         return
