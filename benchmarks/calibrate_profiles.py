@@ -206,10 +206,13 @@ def gallery_under(profile: str, max_cases: int) -> None:
 
     started, missed = time.perf_counter(), []
     for mutant in MUTANTS:
-        failure, cases_run = first_failure(mutant, max_examples=max_cases, profile=profile, threads=1)
-        print(f"  {mutant.__name__:36} " + (f"caught by {failure.property} after {cases_run} cases" if failure
-              else f"MISSED after {cases_run} cases"), flush=True)  # fmt: skip
-        missed += [] if failure else [mutant.__name__]
+        try:
+            failure, cases_run = first_failure(mutant, max_examples=max_cases, profile=profile, threads=1)
+            found = f"caught by {failure.property} after {cases_run} cases" if failure else None
+        except Exception as error:  # noqa: BLE001 - a mutant that crashes on a drawn case is found too
+            found = f"raised {type(error).__name__}"
+        print(f"  {mutant.__name__:36} {found or f'MISSED after {cases_run} cases'}", flush=True)
+        missed += [] if found else [mutant.__name__]
     print(f"{profile}: {len(MUTANTS) - len(missed)}/{len(MUTANTS)} mutants caught, up to {max_cases} cases a property"
           f" ({time.perf_counter() - started:.0f} s)")  # fmt: skip
 
