@@ -144,11 +144,13 @@ def measure(seeds: int) -> dict[str, np.ndarray]:
 POSITION_BINS = (0, 32, 64, 128, 256, 321)  # edges; the kit's longest long_horizon sequence is 320
 
 
-def horizon_errors(case_count: int, seed: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def horizon_errors(case_count: int, seed: int) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """Each emulated engine (and the float32 spec) against float64 truth on the kit's own ``long_horizon``
-    draws: name -> (position, max |Δ| / std(truth) there), one entry per position of every case."""
+    draws -> (position, model, {name: max |Δ| / std(truth)}), one entry per position of every case; the
+    model is its architecture and weight std."""
     engines = {"float32 spec": refllm_contiguous} | {name: factory for name, (factory, _) in EMULATED.items()}
     positions: list[np.ndarray] = []
+    models: list[str] = []
     ratios: dict[str, list[np.ndarray]] = {name: [] for name in engines}
 
     @settings(max_examples=case_count, database=None, deadline=None, phases=[Phase.generate],
@@ -158,22 +160,22 @@ def horizon_errors(case_count: int, seed: int) -> dict[str, tuple[np.ndarray, np
         checkpoint, tokens = case.checkpoint(), case.args["tokens"]
         truth = refllm_float64(checkpoint).all_logits(tokens)
         positions.append(np.arange(len(tokens)))
+        models.extend([f"{case.config_json['model_type']} std {case.weights['std']:g}"] * len(tokens))
         for name, factory in engines.items():
             ratios[name].append(spread_errors(factory(checkpoint).all_logits(tokens), truth))
 
     hypothesis_seed(seed)(measure_case)()
-    at = np.concatenate(positions)
-    return {name: (at, np.concatenate(values)) for name, values in ratios.items()}
+    return np.concatenate(positions), np.array(models), {name: np.concatenate(v) for name, v in ratios.items()}
 
 
 def print_horizons(case_count: int, seed: int) -> None:
     started = time.perf_counter()
-    measured = horizon_errors(case_count, seed)
+    at, models, measured = horizon_errors(case_count, seed)
     print(f"max |Δ| / std(truth logits) by position, {case_count} long_horizon draws of the kit (seed {seed}),"
           f" {time.perf_counter() - started:.0f} s")  # fmt: skip
     bins = list(zip(POSITION_BINS[:-1], POSITION_BINS[1:]))
     print(f"{'engine':22} {'profile':9}" + "".join(f" {f'{lo}-{hi - 1}':>17}" for lo, hi in bins) + "   (p99.9 / max)")
-    for name, (at, ratios) in measured.items():
+    for name, ratios in measured.items():
         profile = EMULATED[name][1] if name in EMULATED else "float32"
         cells = []
         for lo, hi in bins:
@@ -184,6 +186,11 @@ def print_horizons(case_count: int, seed: int) -> None:
         print(f"{name:22} {profile:9}" + "".join(f" {cell:>17}" for cell in cells)
               + f"   worst / growth {needed:.3g} at {at[np.argmax(ratios / tolerance.growth(at))]},"
               f" spread_tol {tolerance.spread_tol:g}: margin {tolerance.spread_tol / needed:.2g}")  # fmt: skip
+    print("the worst models (architecture, weight std: worst ratio)")
+    for name, ratios in measured.items():
+        worst = {model: ratios[models == model].max() for model in np.unique(models)}
+        ranked = sorted(worst, key=worst.get, reverse=True)[:5]
+        print(f"{name:22} " + ", ".join(f"{model}: {worst[model]:.2g}" for model in ranked))
 
 
 def check_emulated(case_count: int, seed: int, properties: tuple[str, ...]) -> None:
