@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from refllm.errors import RefllmKeyError
+from refllm.errors import InvalidInputError, RefllmKeyError
 
 
 class UnknownProfileError(RefllmKeyError):
@@ -54,7 +54,7 @@ class Tolerance:
         """The factor on spread_tol at ``positions`` (an int, or an array of the rows' positions)."""
         positions = np.asarray(positions, np.float64)
         if np.any(positions < 0):
-            raise ValueError(f"positions must be >= 0; got {positions.min():g}")
+            raise InvalidInputError(f"positions must be >= 0; got {positions.min():g}")
         if self.growth_positions is None:
             return np.ones_like(positions)
         return np.sqrt(1 + positions / self.growth_positions)
