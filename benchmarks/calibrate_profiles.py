@@ -4,6 +4,8 @@
     python benchmarks/calibrate_profiles.py --horizons 1000 --seed 0   the profiles at every horizon
     python benchmarks/calibrate_profiles.py --check 1000 --seed 7      the kit on each emulated engine
     python benchmarks/calibrate_profiles.py --gallery bfloat16         the mutant gallery under a profile
+    python benchmarks/calibrate_profiles.py --gallery bfloat16:0.8     ... under it flat at spread_tol 0.8
+    python benchmarks/calibrate_profiles.py --check 1000 --seed 7 --profile bfloat16:0.8   (the 24-token one)
 
 For every architecture's tiny config, several weight seeds and weight scales
 (std 0.02, 0.1, 0.5: logits from near-uniform to peaked), and a prompt of 24
@@ -53,7 +55,7 @@ from refllm.testing.emulated import EMULATED, bfloat16_round, float16_round
 from refllm.testing.factories import refllm_contiguous, refllm_float64
 from refllm.testing.compare import ConformanceFailure
 from refllm.testing.suite import cases, first_failure, run_properties
-from refllm.testing.tolerances import PROFILES
+from refllm.testing.tolerances import PROFILES, Tolerance, get_profile
 
 WEIGHT_STDS = (0.02, 0.1, 0.5)
 PROMPT_LENGTH = 24
@@ -193,17 +195,31 @@ def print_horizons(case_count: int, seed: int) -> None:
         print(f"{name:22} " + ", ".join(f"{model}: {worst[model]:.2g}" for model in ranked))
 
 
-def check_emulated(case_count: int, seed: int, properties: tuple[str, ...]) -> None:
-    """Run the kit on each emulated engine under its profile: cases run, and the first failure if any."""
-    for name, (factory, profile) in EMULATED.items():
+def profile_named(text: str) -> Tolerance:
+    """"bfloat16" -> that profile; "bfloat16:0.8" -> the same flat at spread_tol 0.8 (an old or proposed one)."""
+    name, _, spread_tol = text.partition(":")
+    profile = get_profile(name)
+    if not spread_tol:
+        return profile
+    return replace(profile, spread_tol=float(spread_tol), growth_positions=None, reason=f"{name} flat at {spread_tol}")
+
+
+def check_emulated(case_count: int, seed: int, properties: tuple[str, ...], profile: str | None) -> None:
+    """Run the kit on each emulated engine under its profile (or only those of ``profile``'s name, under it):
+    cases run, and the first failure if any."""
+    for name, (factory, own) in EMULATED.items():
+        tolerance = profile_named(profile or own)
+        if tolerance.name != own:
+            continue
         started = time.perf_counter()
         failure = ""
         try:
-            runs = run_properties(properties, factory, profile, case_count, shrink=False, seed=seed, threads=1)
+            runs = run_properties(properties, factory, tolerance, case_count, shrink=False, seed=seed, threads=1)
         except ConformanceFailure as error:
             runs, failure = error.examples, str(error).splitlines()[0]
-        print(f"{name:22} {profile:9} {', '.join(properties)}: {runs} cases, {1 if failure else 0} false alarms"
-              f" ({time.perf_counter() - started:.0f} s) {failure}", flush=True)  # fmt: skip
+        seconds = time.perf_counter() - started
+        print(f"{name:22} {tolerance.name} {tolerance.describe()}: {', '.join(properties)}: {runs} cases,"
+              f" {1 if failure else 0} false alarms ({seconds:.0f} s) {failure}", flush=True)  # fmt: skip
 
 
 def gallery_under(profile: str, max_cases: int) -> None:
@@ -214,7 +230,9 @@ def gallery_under(profile: str, max_cases: int) -> None:
     started, missed = time.perf_counter(), []
     for mutant in MUTANTS:
         try:
-            failure, cases_run = first_failure(mutant, max_examples=max_cases, profile=profile, threads=1)
+            failure, cases_run = first_failure(
+                mutant, max_examples=max_cases, profile=profile_named(profile), threads=1
+            )
             found = f"caught by {failure.property} after {cases_run} cases" if failure else None
         except Exception as error:  # noqa: BLE001 - a mutant that crashes on a drawn case is found too
             found = f"raised {type(error).__name__}"
@@ -234,12 +252,13 @@ def main() -> None:
                         help="run N cases of the kit's properties (--properties) on each emulated engine")  # fmt: skip
     parser.add_argument("--properties", default="long_horizon", help="comma-separated (default long_horizon)")
     parser.add_argument("--gallery", metavar="PROFILE", help="run the mutant gallery under this profile")
+    parser.add_argument("--profile", help="--check only the engines of this profile, under it (NAME or NAME:TOL)")
     args = parser.parse_args()
     if args.gallery:
         gallery_under(args.gallery, 60)
         return
     if args.check:
-        check_emulated(args.check, args.seed, tuple(args.properties.split(",")))
+        check_emulated(args.check, args.seed, tuple(args.properties.split(",")), args.profile)
         return
     if args.horizons:
         print_horizons(args.horizons, args.seed)
