@@ -11,8 +11,8 @@ import pytest
 
 from refllm.testing import Checkpoint, run_properties
 from refllm.testing.configs import tiny_config_json
-from refllm.testing.factories import refllm_contiguous
 from refllm.testing.emulated import EMULATED, bfloat16_round, float16_round, q8_0_round
+from refllm.testing.factories import refllm_contiguous, refllm_float64
 from refllm.testing.properties import PROPERTIES
 
 LONG_HORIZON_CASES = 150
@@ -36,11 +36,13 @@ def test_emulated_engine_passes_the_other_properties(name):
 
 @pytest.mark.parametrize("name", list(EMULATED))
 def test_emulated_engine_rounds(name):
-    """Each emulation's rounding reaches the logits: it is not the float32 spec under another name."""
+    """Each emulation's rounding reaches the logits, ten times float32's error at least: the profiles are
+    held to lower-precision engines, not to the float32 spec under another name."""
     checkpoint = Checkpoint.random(tiny_config_json("llama"), seed=0)
     tokens = list(range(1, 20))
-    emulated = EMULATED[name][0](checkpoint).all_logits(tokens)
-    assert not np.array_equal(emulated, refllm_contiguous(checkpoint).all_logits(tokens))
+    truth = refllm_float64(checkpoint).all_logits(tokens)
+    emulated_error = np.abs(EMULATED[name][0](checkpoint).all_logits(tokens) - truth).max()
+    assert emulated_error > 10 * np.abs(refllm_contiguous(checkpoint).all_logits(tokens) - truth).max()
 
 
 def test_bfloat16_and_float16_round_to_nearest_even():
