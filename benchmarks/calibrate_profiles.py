@@ -1,6 +1,11 @@
 """Measure the logit error of each arithmetic against float64 truth, relative to the logits' spread.
 
     python benchmarks/calibrate_profiles.py [--seeds 8]
+    python benchmarks/calibrate_profiles.py --horizons 1000 --seed 0   the profiles at every horizon
+    python benchmarks/calibrate_profiles.py --check 1000 --seed 7      the kit on each emulated engine
+    python benchmarks/calibrate_profiles.py --gallery bfloat16         the mutant gallery under a profile
+    python benchmarks/calibrate_profiles.py --gallery bfloat16:0.8     ... under it flat at spread_tol 0.8
+    python benchmarks/calibrate_profiles.py --check 1000 --seed 7 --profile bfloat16:0.8   (the 24-token one)
 
 For every architecture's tiny config, several weight seeds and weight scales
 (std 0.02, 0.1, 0.5: logits from near-uniform to peaked), and a prompt of 24
@@ -17,14 +22,27 @@ and records, per position, max |logits - truth| / std(truth) over the
 vocabulary. It prints the percentiles of that ratio per arithmetic; each
 profile in ``refllm/testing/tolerances.py`` is the worst ratio observed
 times a margin, both stated in its reason (docs/oracle.md has the table).
+
+``--horizons N`` measures the engines of ``refllm/testing/emulated.py`` (right
+but for their rounding) on N of the kit's own ``long_horizon`` draws, up to
+320 positions, by position; the low-precision profiles' spread_tol is twice the
+worst ratio over their growth sqrt(1 + t / 64). ``--check N`` runs the kit's
+properties on each of those engines under its profile (0 false alarms is the
+claim), ``--gallery PROFILE`` the mutant gallery under a profile (what the
+profile still catches).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+import time
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import seed as hypothesis_seed
 
 from refllm.kv.base import CacheConfig
 from refllm.models.decoder import DecoderModel
@@ -33,20 +51,14 @@ from refllm.nn.attention import attention
 from refllm.nn.linear import linear
 from refllm.testing.checkpoint import Checkpoint
 from refllm.testing.configs import ARCHITECTURES, tiny_config_json
+from refllm.testing.emulated import EMULATED, bfloat16_round, float16_round
+from refllm.testing.factories import refllm_contiguous, refllm_float64
+from refllm.testing.compare import ConformanceFailure
+from refllm.testing.suite import cases, first_failure, run_properties
+from refllm.testing.tolerances import PROFILES, Tolerance, get_profile
 
 WEIGHT_STDS = (0.02, 0.1, 0.5)
 PROMPT_LENGTH = 24
-
-
-def bfloat16_round(x: np.ndarray) -> np.ndarray:
-    """Round float32 to the nearest bfloat16 (ties to even), kept in float32."""
-    bits = np.ascontiguousarray(x, np.float32).view(np.uint32)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    return rounded.astype(np.uint32).view(np.float32)
-
-
-def float16_round(x: np.ndarray) -> np.ndarray:
-    return np.asarray(x, np.float32).astype(np.float16).astype(np.float32)
 
 
 def rounded_ops(round_to):
@@ -131,10 +143,126 @@ def measure(seeds: int) -> dict[str, np.ndarray]:
     return {name: np.concatenate(values) for name, values in errors.items()}
 
 
+POSITION_BINS = (0, 32, 64, 128, 256, 321)  # edges; the kit's longest long_horizon sequence is 320
+
+
+def horizon_errors(case_count: int, seed: int) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """Each emulated engine (and the float32 spec) against float64 truth on the kit's own ``long_horizon``
+    draws -> (position, model, {name: max |Δ| / std(truth)}), one entry per position of every case; the
+    model is its architecture and weight std."""
+    engines = {"float32 spec": refllm_contiguous} | {name: factory for name, (factory, _) in EMULATED.items()}
+    positions: list[np.ndarray] = []
+    models: list[str] = []
+    ratios: dict[str, list[np.ndarray]] = {name: [] for name in engines}
+
+    @settings(max_examples=case_count, database=None, deadline=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @given(case=cases(("long_horizon",), "float32"))
+    def measure_case(case) -> None:
+        checkpoint, tokens = case.checkpoint(), case.args["tokens"]
+        truth = refllm_float64(checkpoint).all_logits(tokens)
+        positions.append(np.arange(len(tokens)))
+        models.extend([f"{case.config_json['model_type']} std {case.weights['std']:g}"] * len(tokens))
+        for name, factory in engines.items():
+            ratios[name].append(spread_errors(factory(checkpoint).all_logits(tokens), truth))
+
+    hypothesis_seed(seed)(measure_case)()
+    return np.concatenate(positions), np.array(models), {name: np.concatenate(v) for name, v in ratios.items()}
+
+
+def print_horizons(case_count: int, seed: int) -> None:
+    started = time.perf_counter()
+    at, models, measured = horizon_errors(case_count, seed)
+    print(f"max |Δ| / std(truth logits) by position, {case_count} long_horizon draws of the kit (seed {seed}),"
+          f" {time.perf_counter() - started:.0f} s")  # fmt: skip
+    bins = list(zip(POSITION_BINS[:-1], POSITION_BINS[1:]))
+    print(f"{'engine':22} {'profile':9}" + "".join(f" {f'{lo}-{hi - 1}':>17}" for lo, hi in bins) + "   (p99.9 / max)")
+    for name, ratios in measured.items():
+        profile = EMULATED[name][1] if name in EMULATED else "float32"
+        cells = []
+        for lo, hi in bins:
+            inside = ratios[(at >= lo) & (at < hi)]
+            cells.append(f"{np.percentile(inside, 99.9):8.2g}/{inside.max():<8.2g}" if len(inside) else "-")
+        tolerance = PROFILES[profile]
+        needed = (ratios / tolerance.growth(at)).max()
+        print(f"{name:22} {profile:9}" + "".join(f" {cell:>17}" for cell in cells)
+              + f"   worst / growth {needed:.3g} at {at[np.argmax(ratios / tolerance.growth(at))]},"
+              f" spread_tol {tolerance.spread_tol:g}: margin {tolerance.spread_tol / needed:.2g}")  # fmt: skip
+    print("the worst models (architecture, weight std: worst ratio)")
+    for name, ratios in measured.items():
+        worst = {model: ratios[models == model].max() for model in np.unique(models)}
+        ranked = sorted(worst, key=worst.get, reverse=True)[:5]
+        print(f"{name:22} " + ", ".join(f"{model}: {worst[model]:.2g}" for model in ranked))
+
+
+def profile_named(text: str) -> Tolerance:
+    """"bfloat16" -> that profile; "bfloat16:0.8" -> the same flat at spread_tol 0.8 (an old or proposed one)."""
+    name, _, spread_tol = text.partition(":")
+    profile = get_profile(name)
+    if not spread_tol:
+        return profile
+    return replace(profile, spread_tol=float(spread_tol), growth_positions=None, reason=f"{name} flat at {spread_tol}")
+
+
+def check_emulated(case_count: int, seed: int, properties: tuple[str, ...], profile: str | None) -> None:
+    """Run the kit on each emulated engine under its profile (or only those of ``profile``'s name, under it):
+    cases run, and the first failure if any."""
+    for name, (factory, own) in EMULATED.items():
+        tolerance = profile_named(profile or own)
+        if tolerance.name != own:
+            continue
+        started = time.perf_counter()
+        failure = ""
+        try:
+            runs = run_properties(properties, factory, tolerance, case_count, shrink=False, seed=seed, threads=1)
+        except ConformanceFailure as error:
+            runs, failure = error.examples, str(error).splitlines()[0]
+        seconds = time.perf_counter() - started
+        print(f"{name:22} {tolerance.name} {tolerance.describe()}: {', '.join(properties)}: {runs} cases,"
+              f" {1 if failure else 0} false alarms ({seconds:.0f} s) {failure}", flush=True)  # fmt: skip
+
+
+def gallery_under(profile: str, max_cases: int) -> None:
+    """The mutant gallery (tests/helpers/mutants.py) under ``profile``: which mutants the kit still catches."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for tests.helpers
+    from tests.helpers.mutants import MUTANTS
+
+    started, missed = time.perf_counter(), []
+    for mutant in MUTANTS:
+        try:
+            failure, cases_run = first_failure(
+                mutant, max_examples=max_cases, profile=profile_named(profile), threads=1
+            )
+            found = f"caught by {failure.property} after {cases_run} cases" if failure else None
+        except Exception as error:  # noqa: BLE001 - a mutant that crashes on a drawn case is found too
+            found = f"raised {type(error).__name__}"
+        print(f"  {mutant.__name__:36} {found or f'MISSED after {cases_run} cases'}", flush=True)
+        missed += [] if found else [mutant.__name__]
+    print(f"{profile}: {len(MUTANTS) - len(missed)}/{len(MUTANTS)} mutants caught, up to {max_cases} cases a property"
+          f" ({time.perf_counter() - started:.0f} s)")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=8, help="weight seeds per architecture and scale (default 8)")
+    parser.add_argument("--horizons", type=int, default=0, metavar="N",
+                        help="also measure the emulated engines on N of the kit's long_horizon draws")  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0, help="hypothesis seed of those draws (default 0)")
+    parser.add_argument("--check", type=int, default=0, metavar="N",
+                        help="run N cases of the kit's properties (--properties) on each emulated engine")  # fmt: skip
+    parser.add_argument("--properties", default="long_horizon", help="comma-separated (default long_horizon)")
+    parser.add_argument("--gallery", metavar="PROFILE", help="run the mutant gallery under this profile")
+    parser.add_argument("--profile", help="--check only the engines of this profile, under it (NAME or NAME:TOL)")
     args = parser.parse_args()
+    if args.gallery:
+        gallery_under(args.gallery, 60)
+        return
+    if args.check:
+        check_emulated(args.check, args.seed, tuple(args.properties.split(",")), args.profile)
+        return
+    if args.horizons:
+        print_horizons(args.horizons, args.seed)
+        return
     measured = measure(args.seeds)
     print("max |Δ| / std(truth logits) per position, against float64 truth")
     print(f"{'arithmetic':20} {'positions':>9} {'median':>9} {'p99':>9} {'p99.9':>9} {'max':>9}")

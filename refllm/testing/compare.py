@@ -33,17 +33,20 @@ class Mismatch(Exception):
 
 
 def compare_logits(actual, expected, profile: Tolerance, what: str, tokens: Sequence[int]) -> None:
-    """actual, expected: [..., V] logits of the last of ``tokens`` (or of each row, for stacked results)."""
+    """actual, expected: [..., V] logits of the last of ``tokens`` (or of each row, for stacked results: rows
+    of the positions that end at the last of ``tokens``)."""
     actual, expected = np.asarray(actual), np.asarray(expected)
     if actual.shape != expected.shape:
         raise Mismatch(f"{what}: shape {actual.shape}, expected {expected.shape}", tokens)
     if not np.all(np.isfinite(actual)):
         raise Mismatch(f"{what}: {np.count_nonzero(~np.isfinite(actual))} logits are not finite", tokens)
-    excess = profile.excess(actual, expected)
+    rows = actual.shape[-2] if actual.ndim > 1 else 1
+    positions = np.arange(len(tokens) - rows, len(tokens)).reshape(actual.shape[-2:-1])
+    excess = profile.excess(actual, expected, positions)
     if np.any(excess > 0):
         index = np.unravel_index(int(np.argmax(excess)), excess.shape)
         delta = float(np.abs(actual - expected)[index])
-        allowed = float(profile.allowance(expected)[index[:-1]].squeeze())
+        allowed = float(profile.allowance(expected, positions)[index[:-1]].squeeze())
         raise Mismatch(
             f"{what}: max |Δ| {delta:.3g} at token id {index[-1]}"
             f" ({float(actual[index]):.6g} vs {float(expected[index]):.6g}; allowed {allowed:.3g},"

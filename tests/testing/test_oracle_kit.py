@@ -149,6 +149,19 @@ def test_every_profile_says_why():
         get_profile("fp8")
 
 
+def test_low_precision_allowances_grow_with_the_position():
+    expected = np.random.default_rng(0).normal(0, 2, (3, 40))
+    positions = np.array([0, 64, 192])
+    bfloat16, float32 = get_profile("bfloat16"), get_profile("float32")
+    at_zero = bfloat16.allowance(expected)[:, 0]
+    np.testing.assert_allclose(bfloat16.allowance(expected, positions)[:, 0], at_zero * [1, np.sqrt(2), 2])
+    np.testing.assert_array_equal(float32.allowance(expected, positions), float32.allowance(expected))
+    actual = expected + 1.3 * at_zero[:, None]  # past the allowance at position 0, within it at 64 and 192
+    assert not bfloat16.close(actual, expected) and bfloat16.close(actual[1:], expected[1:], positions[1:])
+    with pytest.raises(ValueError, match="-1"):
+        bfloat16.allowance(expected, -1)
+
+
 @pytest.mark.parametrize(
     "spec, message",
     [
