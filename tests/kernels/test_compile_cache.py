@@ -13,9 +13,11 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from numba.core.caching import IndexDataCacheFile
 
 import refllm
 
@@ -62,3 +64,22 @@ def test_without_the_cache_key_the_kernel_goes_stale(tmp_path):
     cached = run_kernel(tmp_path)
     edit(package / "kernels" / "exp.py", EXP_LINE, EXP_ZERO)
     assert run_kernel(tmp_path) == cached != 0.0
+
+
+def test_writers_racing_on_one_cache_keep_every_entry_its_own(tmp_path):
+    """Numba gives a new signature the first data file free in the index it read: racing writers (a first run beside
+    its background compile, two Ray workers) must not share one, or a signature loads another's machine code."""
+    import refllm.kernels  # noqa: F401  (installs the lock)
+
+    def entry(writer: int, signature: int) -> bytes:
+        return f"{writer}-{signature}".encode() * 100
+
+    def write(writer: int) -> None:
+        cache = IndexDataCacheFile(str(tmp_path), "kernel", b"stamp")  # each writer reads the index anew
+        for signature in range(20):
+            cache.save((writer, signature), entry(writer, signature))
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(write, range(8)))
+    cache = IndexDataCacheFile(str(tmp_path), "kernel", b"stamp")
+    assert all(cache.load((w, s)) == entry(w, s) for w in range(8) for s in range(20))
