@@ -23,6 +23,8 @@ import numpy as np
 
 from refllm.testing.ggml.arith import fma32, hsum8
 from refllm.testing.ggml.blocks import as_blocks, half
+from refllm.testing.ggml.kquant_dots import KERNELS as KQUANT_KERNELS
+from refllm.testing.ggml.kquant_dots import kquant_dot
 
 
 def _nibbles(qs: np.ndarray) -> np.ndarray:
@@ -42,7 +44,9 @@ WEIGHT_VALUES = {
     "Q5_1": lambda b: _nibbles(b["qs"]) + 16 * _high_bits(b["qh"]),
     "Q8_0": lambda b: b["qs"].astype(np.int32),
 }
-ACTIVATION_TYPE = {"Q4_0": "Q8_0", "Q4_1": "Q8_1", "Q5_0": "Q8_0", "Q5_1": "Q8_1", "Q8_0": "Q8_0"}
+ACTIVATION_TYPE = {"Q4_0": "Q8_0", "Q4_1": "Q8_1", "Q5_0": "Q8_0", "Q5_1": "Q8_1", "Q8_0": "Q8_0"} | {
+    name: "Q8_K" for name in KQUANT_KERNELS
+}
 
 
 def block32_dot(name: str, weights: np.ndarray, activations: np.ndarray) -> np.ndarray:
@@ -61,3 +65,10 @@ def block32_dot(name: str, weights: np.ndarray, activations: np.ndarray) -> np.n
             offsets = fma32(half(w["m"][:, b]), half(a["s"][b]), offsets)
         total = total + offsets
     return total
+
+
+def spec_dot(name: str, weights: np.ndarray, activations: np.ndarray) -> np.ndarray:
+    """The dot products of ``name`` weight rows [R, nb * type_size] with one row of its activation type."""
+    if name in KQUANT_KERNELS:
+        return kquant_dot(name, weights, activations)
+    return block32_dot(name, weights, activations)
