@@ -10,7 +10,9 @@ never text) and opens one ``llama_cpp.Llama`` context per cache id, fed with
 ``eval`` and read from ``scores``; with float32 tensors the KV cache is float32
 too (llama.cpp's default is float16), with float16 it is llama.cpp's default. ``truncate`` rolls a context back
 (``n_tokens``, whose KV llama.cpp drops at the next ``eval``); there is no
-``fork`` (the binding has no sequence copy), so ``branches`` is skipped.
+``fork`` (the binding has no sequence copy), so ``branches`` is skipped. For failure reports the
+hidden states of every layer, and what enters and leaves its attention and MLP, come from a run observed op
+by op through llama.cpp's eval callback (``refllm/testing/ggml/graph_trace.py``).
 
 What the adapter cannot express is refused with ``Unsupported`` and the kit
 draws another model: Gemma 3 (llama.cpp fixes its layer pattern and local
@@ -42,6 +44,8 @@ PER_LAYER = {  # Hugging Face suffix -> GGUF name
     "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
     "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
 }  # fmt: skip
+FILE_TYPES = {"float32": "ALL_F32", "float16": "MOSTLY_F16", "Q4_0": "MOSTLY_Q4_0", "Q4_1": "MOSTLY_Q4_1",
+              "Q5_0": "MOSTLY_Q5_0", "Q5_1": "MOSTLY_Q5_1", "Q8_0": "MOSTLY_Q8_0"}  # fmt: skip
 GLOBAL = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 
 
@@ -77,7 +81,8 @@ def gguf_name(hf_name: str) -> str:
 
 
 def write_gguf(checkpoint: Checkpoint, path: str | Path, dtype: str = "float32") -> None:
-    """The checkpoint as a GGUF file llama.cpp loads: tensors in ``dtype`` (float32 or float16, norms float32)."""
+    """The checkpoint as a GGUF file llama.cpp loads: matrices in ``dtype`` (float32, float16, or a block
+    format gguf quantizes: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), norms in float32."""
     import gguf
 
     c, arch = checkpoint.config, ARCHES[checkpoint.config.model_type]
@@ -105,15 +110,20 @@ def write_gguf(checkpoint: Checkpoint, path: str | Path, dtype: str = "float32")
     writer.add_token_types([gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.NORMAL] * (V - 3))
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32 if dtype == "float32" else gguf.LlamaFileType.MOSTLY_F16)
+    writer.add_file_type(gguf.LlamaFileType[FILE_TYPES[dtype]])
     for name, array in sorted(checkpoint.tensors.items()):
         if name == "lm_head.weight" and c.tie_word_embeddings:
             continue  # tied: the head is the embedding table
         if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
             heads = H if ".q_proj." in name else K
             array = _permute_rows(array, heads)
-        keep_float32 = array.ndim == 1 or dtype == "float32"
-        writer.add_tensor(gguf_name(name), np.ascontiguousarray(array, np.float32 if keep_float32 else np.float16))
+        if array.ndim == 1 or dtype == "float32":
+            writer.add_tensor(gguf_name(name), np.ascontiguousarray(array, np.float32))
+        elif dtype == "float16":
+            writer.add_tensor(gguf_name(name), np.ascontiguousarray(array, np.float16))
+        else:  # a ggml block format gguf's quantizer writes (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)
+            kind = gguf.GGMLQuantizationType[dtype]
+            writer.add_tensor(gguf_name(name), gguf.quants.quantize(np.asarray(array, np.float32), kind), raw_dtype=kind)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -127,6 +137,10 @@ class LlamaCppBackend(Backend):
 
     def __init__(self, path: str | Path, vocab_size: int, context: int, kv_float32: bool, name: str = "llama.cpp"):
         self.path, self.vocab_size, self.context, self.name = str(path), vocab_size, context, name
+        self.kv_float32 = kv_float32
+        # a deliberately broken op, for tests of the failure report: rewrites a node's output (graph_trace.Node ->
+        # array or None) in every run, which then goes op by op through the eval callback
+        self.alter = None
         self._kv_type = {"type_k": 0, "type_v": 0} if kv_float32 else {}  # GGML_TYPE_F32; llama.cpp's default is F16
         self._contexts: dict[int, object] = {}
         self._idle: list[object] = []
@@ -155,7 +169,24 @@ class LlamaCppBackend(Backend):
         llm.eval(self._checked(tokens))
         return np.array(llm.scores[start : llm.n_tokens], np.float32)
 
+    def _run_graph(self, tokens):
+        from refllm.testing.ggml.graph_trace import run_graph
+
+        return run_graph(self.path, self._checked(tokens), self.alter, self.kv_float32)
+
+    def layer_states(self, tokens):
+        from refllm.testing.ggml.graph_trace import layer_points
+
+        return layer_points(self._run_graph(tokens)[0])[0]
+
+    def sublayer_states(self, tokens):
+        from refllm.testing.ggml.graph_trace import layer_points
+
+        return layer_points(self._run_graph(tokens)[0])[1]
+
     def all_logits(self, tokens):
+        if self.alter is not None:
+            return self._run_graph(tokens)[1]
         llm = self._fresh()
         try:
             return self._eval(llm, tokens)

@@ -35,6 +35,14 @@ class _Tensor(ctypes.Structure):  # struct ggml_tensor (ggml.h), as far as these
                 ("view_offs", ctypes.c_size_t), ("data", ctypes.c_void_p), ("name", ctypes.c_char * 64)]  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Product:
+    weight_type: str
+    weights: np.ndarray  # [N, row bytes] uint8
+    x: np.ndarray  # [T, K] float32, the activations as the product read them
+    buffer: str  # the weight's buffer: "CPU_REPACK" where llama.cpp repacked it
+
+
 @dataclass
 class Node:
     index: int  # the order llama.cpp computed it in
@@ -43,7 +51,7 @@ class Node:
     value: np.ndarray | None  # [rows, ne0] float32 (rows = ne1 * ne2 * ne3), where contiguous float32
     address: int  # the tensor's address, by which other nodes name it as a source
     sources: tuple[int, ...]
-    product: tuple[str, np.ndarray, np.ndarray] | None = None  # MUL_MAT: (weight type, [N, bytes], X [T, K])
+    product: Product | None = None  # a MUL_MAT of a quantized weight
 
 
 def _contiguous_f32(t: _Tensor) -> bool:
@@ -55,12 +63,13 @@ def _float_view(t: _Tensor) -> np.ndarray:
     return np.ctypeslib.as_array((ctypes.c_float * (rows * t.ne[0])).from_address(t.data)).reshape(rows, t.ne[0])
 
 
-def _product(t: _Tensor) -> tuple[str, np.ndarray, np.ndarray] | None:
+def _product(t: _Tensor, buffer_name: Callable) -> Product | None:
     weight, x = (_Tensor.from_address(t.src[i]) for i in (0, 1))
     if weight.type == F32 or type_name(weight.type) not in BLOCKS or not _contiguous_f32(x):
         return None
-    raw = (ctypes.c_uint8 * (weight.nb[1] * weight.ne[1])).from_address(weight.data)
-    return type_name(weight.type), np.array(raw).reshape(weight.ne[1], weight.nb[1]), _float_view(x).copy()
+    raw = np.array((ctypes.c_uint8 * (weight.nb[1] * weight.ne[1])).from_address(weight.data))
+    weights = raw.reshape(weight.ne[1], weight.nb[1])
+    return Product(type_name(weight.type), weights, _float_view(x).copy(), buffer_name(weight.buffer).decode())
 
 
 def run_graph(path: str | Path, tokens: Sequence[int], alter: Callable[[Node], np.ndarray | None] | None = None,
@@ -68,7 +77,8 @@ def run_graph(path: str | Path, tokens: Sequence[int], alter: Callable[[Node], n
     """Prefill ``tokens`` in one batch -> (every node as computed, in order; logits [T, V])."""  # fmt: skip
     import llama_cpp as lc
 
-    op_name = installed_library().base.ggml_op_name
+    library = installed_library()
+    op_name, buffer_name = library.base.ggml_op_name, library.base.ggml_backend_buffer_name
     nodes: list[Node] = []
     errors: list[BaseException] = []
 
@@ -79,7 +89,7 @@ def run_graph(path: str | Path, tokens: Sequence[int], alter: Callable[[Node], n
             t = _Tensor.from_address(pointer)
             node = Node(len(nodes), t.name.decode(), op_name(t.op).decode(),
                         _float_view(t).copy() if _contiguous_f32(t) else None, pointer,
-                        tuple(s for s in t.src if s), _product(t) if op_name(t.op) == b"MUL_MAT" else None)  # fmt: skip
+                        tuple(s for s in t.src if s), _product(t, buffer_name) if op_name(t.op) == b"MUL_MAT" else None)  # fmt: skip
             nodes.append(node)
             replacement = alter(node) if alter and node.value is not None else None
             if replacement is not None:
@@ -100,6 +110,8 @@ def run_graph(path: str | Path, tokens: Sequence[int], alter: Callable[[Node], n
     params.n_ctx = params.n_batch = params.n_ubatch = max(len(tokens), 8)
     params.n_threads = params.n_threads_batch = threads
     params.cb_eval, params.cb_eval_user_data = callback, None
+    # off, as llama_cpp.Llama has it by default (on, the attention outputs moved by ~3e-4 of their size)
+    params.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
     if kv_float32:
         params.type_k = params.type_v = F32
     context = lc.llama_init_from_model(model, params)
@@ -150,6 +162,7 @@ class ProductCheck:
     node: str  # llama.cpp's name of the product, e.g. "ffn_down-1"
     weight_type: str
     kernel: str  # dispatch.x86_kernel's answer
+    buffer: str  # where llama.cpp keeps the weight: "CPU_REPACK" for a repacked one
     identical: bool | None  # None: the kernel is not one specified here
     largest_difference: float = 0.0
 
@@ -159,15 +172,16 @@ def check_products(nodes: list[Node], repack: bool = True) -> list[ProductCheck]
     isa = installed_library().isa()
     checks = []
     for node in nodes:
-        if node.product is None or node.value is None:
+        product = node.product
+        if product is None or node.value is None:
             continue
-        weight_type, weights, x = node.product
-        kernel = x86_kernel(weight_type, len(weights), len(x), isa, repack)
+        kernel = x86_kernel(product.weight_type, len(product.weights), len(product.x), isa, repack)
         if kernel != "vec_dot":
-            checks.append(ProductCheck(node.name, weight_type, kernel, None))
+            checks.append(ProductCheck(node.name, product.weight_type, kernel, product.buffer, None))
             continue
-        quantize = QUANTIZERS[ACTIVATION_TYPE[weight_type]]
-        want = np.stack([spec_dot(weight_type, weights, quantize(row)) for row in x])  # [T, N]
+        quantize = QUANTIZERS[ACTIVATION_TYPE[product.weight_type]]
+        want = np.stack([spec_dot(product.weight_type, product.weights, quantize(row)) for row in product.x])
         difference = float(np.abs(want.astype(np.float64) - node.value).max())
-        checks.append(ProductCheck(node.name, weight_type, kernel, np.array_equal(want, node.value), difference))
+        identical = np.array_equal(want, node.value)
+        checks.append(ProductCheck(node.name, product.weight_type, kernel, product.buffer, identical, difference))
     return checks

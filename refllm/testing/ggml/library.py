@@ -39,6 +39,8 @@ class GgmlLibrary:
         self._cpu = ctypes.CDLL(str(next(Path(lib_dir).glob("libggml-cpu.*"))))
         self.base = ctypes.CDLL(str(next(Path(lib_dir).glob("libggml-base.*"))))
         self.base.ggml_op_name.restype = ctypes.c_char_p
+        self.base.ggml_backend_buffer_name.restype = ctypes.c_char_p
+        self.base.ggml_backend_buffer_name.argtypes = [ctypes.c_void_p]
         self._cpu.ggml_get_type_traits_cpu.restype = ctypes.POINTER(_TypeTraitsCpu)
         self._cpu.ggml_get_type_traits_cpu.argtypes = [ctypes.c_int]
         self._cpu.ggml_cpu_init()  # fills the float16 tables the kernels read

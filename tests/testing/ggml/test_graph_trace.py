@@ -1,0 +1,68 @@
+"""A llama.cpp run op by op: every quantized matrix product is ggml's arithmetic on its own inputs, bit for bit,
+and one that is off by 1e-3 is the one op reported (skips without llama-cpp-python)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llama_cpp")
+
+from refllm.testing import Checkpoint  # noqa: E402
+from refllm.testing.configs import tiny_config_json  # noqa: E402
+from refllm.testing.ggml.graph_trace import check_products, layer_points, run_graph  # noqa: E402
+from refllm.testing.llamacpp import write_gguf  # noqa: E402
+
+TOKENS = [0, 5, 9, 17, 3, 63, 1]
+# rows of 64 and 96 weights: whole blocks of 32; 3 layers
+SIZES = {"hidden_size": 64, "intermediate_size": 96, "head_dim": 16, "num_hidden_layers": 3}
+
+
+def quantized_model(tmp_path, arch: str, dtype: str) -> str:
+    config = tiny_config_json(arch) | SIZES | {"use_sliding_window": False, "attention_bias": arch != "qwen3"}
+    path = str(tmp_path / f"{arch}-{dtype}.gguf")
+    write_gguf(Checkpoint.random(config, 0), path, dtype)
+    return path
+
+
+@pytest.mark.parametrize(("arch", "dtype"), [("llama", "Q4_1"), ("qwen2", "Q5_1"), ("qwen3", "Q8_0")])
+def test_every_quantized_product_of_a_llama_cpp_run_is_ggml_arithmetic_bit_for_bit(tmp_path, arch, dtype):
+    path = quantized_model(tmp_path, arch, dtype)
+    for tokens in (TOKENS, TOKENS[:1]):  # a prompt, and one token as a decode step sees it
+        checks = check_products(run_graph(path, tokens)[0])
+        assert len(checks) == 7 * 3 + 1  # q, k, v, o, gate, up, down per layer; the LM head
+        if dtype == "Q8_0" and len(tokens) > 1:  # a prompt's Q8_0 products run llamafile's kernels
+            assert {(c.kernel, c.identical) for c in checks} == {("llamafile", None)}
+        else:
+            assert [c for c in checks if not c.identical] == [], checks
+
+
+def test_a_kernel_off_by_a_thousandth_is_caught_at_its_op(tmp_path):
+    path = quantized_model(tmp_path, "llama", "Q4_1")
+
+    def off(node):
+        return node.value * np.float32(1 + 1e-3) if (node.name, node.op) == ("ffn_gate-1", "MUL_MAT") else None
+
+    checks = check_products(run_graph(path, TOKENS, alter=off)[0])
+    assert [(c.node, c.identical) for c in checks if not c.identical] == [("ffn_gate-1", False)]
+    assert 0 < next(c for c in checks if c.node == "ffn_gate-1").largest_difference < 1e-2
+
+
+def test_a_repacked_weight_is_reported_as_such_and_checked_once_unpacked(tmp_path):
+    path = quantized_model(tmp_path, "llama", "Q4_0")
+    packed = check_products(run_graph(path, TOKENS[:1])[0])
+    assert {(c.kernel, c.buffer, c.identical) for c in packed} == {("repacked", "CPU_REPACK", None)}  # rows of 8
+    unpacked = check_products(run_graph(path, TOKENS[:1], repack=False)[0], repack=False)
+    assert {(c.kernel, c.buffer, c.identical) for c in unpacked} == {("vec_dot", "CPU_Mapped", True)}  # the file
+
+
+def test_the_layer_points_are_the_hidden_states_of_every_layer(tmp_path):
+    path = quantized_model(tmp_path, "llama", "Q4_1")
+    nodes, logits = run_graph(path, TOKENS)
+    states, sublayers = layer_points(nodes)
+    assert states.shape == (SIZES["num_hidden_layers"] + 1, len(TOKENS), SIZES["hidden_size"])
+    assert len(sublayers) == SIZES["num_hidden_layers"]
+    for layer, inside in enumerate(sublayers):  # the layer's output is its MLP's input residual plus its output
+        residual = states[layer] + inside["attention output"]
+        assert np.array_equal(states[layer + 1], residual + inside["MLP output"])
+    assert logits.shape == (len(TOKENS), 64)
