@@ -6,8 +6,8 @@ dot product, how many of the drawn rows or outputs the spec (refllm/testing/ggml
 many the spec variants one step away give (fewer: the check tells them apart); then, for each catalog model
 pulled here, every quantized matrix product of a prompt (``--tokens`` tokens) and of one token, recomputed
 from the inputs llama.cpp gave it, with repacking on (llama.cpp's default) and off, counted per weight type
-and kernel (dispatch.py names the kernel; only vec_dot is specified: ``GGML_CPU_TILED_MM=0`` in the
-environment sends a prompt's K-quant products there too).
+and kernel (dispatch.py names the kernel; vec_dot and llamafile's are specified: ``GGML_CPU_TILED_MM=0`` in
+the environment sends a prompt's K-quant products to vec_dot too).
 
     python benchmarks/ggml_kernels.py [--rows 512] [--tokens 8] [--models smollm2-135m gemma3-270m]
 """

@@ -10,13 +10,15 @@ A MUL_MAT of a quantized weight W [N rows, K] with float32 activations X [T toke
 - **tiled**: for T >= 8 (any T with ``GGML_CPU_TILED_MM_FORCE=1``), the K-quants and i-quants go through
   the tiled kernels of ``tiled/tiled.cpp`` (off with ``GGML_CPU_TILED_MM=0``).
 - **llamafile**: for T >= 2, the tinyBLAS kernels of ``llamafile/sgemm.cpp`` take Q8_0, Q4_0, Q5_0 and
-  IQ4_NL weights (and float ones), after X is quantized to Q8_0.
+  IQ4_NL weights (and float ones), after X is quantized to Q8_0. They tile the outputs 4 x N, but compute
+  each with vec_dot's arithmetic: the same 8 lanes of 4 products, the same float32 multiply-add per block,
+  the same horizontal sum; so the vec_dot spec is theirs too.
 - **vec_dot**: otherwise X is quantized row by row to the format's vec_dot type and every output is one
   ``vec_dot`` of a weight row with a token's row: the kernels ``dots.py`` and ``kquant_dots.py``
   specify. Each output is one call over the whole row, so the thread count does not change it.
 
-So a decode step (T = 1) of an unrepacked weight always runs vec_dot. Only vec_dot is specified bit for bit
-here; a product on the other paths is reported as such.
+So a decode step (T = 1) of an unrepacked weight always runs vec_dot. vec_dot and llamafile (``SPECIFIED``)
+are specified bit for bit here; a product on the other paths is reported as such.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ REPACKED_WITH_AVX512 = ("Q2_K",)
 TILED = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S",
          "IQ1_S", "IQ1_M")  # fmt: skip
 LLAMAFILE = ("Q8_0", "Q4_0", "Q5_0", "IQ4_NL")
+SPECIFIED = ("vec_dot", "llamafile")  # the kernels whose outputs the dot-product spec gives bit for bit
 
 
 def _tiled_from(environment) -> tuple[bool, bool]:

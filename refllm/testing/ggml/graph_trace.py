@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from refllm.testing.ggml.blocks import BLOCKS, type_name
-from refllm.testing.ggml.dispatch import x86_kernel
+from refllm.testing.ggml.dispatch import SPECIFIED, x86_kernel
 from refllm.testing.ggml.dots import ACTIVATION_TYPE, spec_dot
 from refllm.testing.ggml.library import installed_library
 from refllm.testing.ggml.quantizers import QUANTIZERS
@@ -176,7 +176,7 @@ def check_products(nodes: list[Node], repack: bool = True) -> list[ProductCheck]
         if product is None or node.value is None:
             continue
         kernel = x86_kernel(product.weight_type, len(product.weights), len(product.x), isa, repack)
-        if kernel != "vec_dot":
+        if kernel not in SPECIFIED or product.weight_type not in ACTIVATION_TYPE:
             checks.append(ProductCheck(node.name, product.weight_type, kernel, product.buffer, None))
             continue
         quantize = QUANTIZERS[ACTIVATION_TYPE[product.weight_type]]
