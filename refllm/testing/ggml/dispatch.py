@@ -17,8 +17,8 @@ A MUL_MAT of a quantized weight W [N rows, K] with float32 activations X [T toke
   ``vec_dot`` of a weight row with a token's row: the kernels ``dots.py`` and ``kquant_dots.py``
   specify. Each output is one call over the whole row, so the thread count does not change it.
 
-So a decode step (T = 1) of an unrepacked weight always runs vec_dot. vec_dot and llamafile (``SPECIFIED``)
-are specified bit for bit here; a product on the other paths is reported as such.
+So a decode step (T = 1) of an unrepacked weight always runs vec_dot. ``products.py`` gives each kernel's
+products as far as they are specified here; a product on another is reported as such.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ REPACKED_WITH_AVX512 = ("Q2_K",)
 TILED = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S",
          "IQ1_S", "IQ1_M")  # fmt: skip
 LLAMAFILE = ("Q8_0", "Q4_0", "Q5_0", "IQ4_NL")
-SPECIFIED = ("vec_dot", "llamafile")  # the kernels whose outputs the dot-product spec gives bit for bit
 
 
 def _tiled_from(environment) -> tuple[bool, bool]:

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from gguf import GGUFReader
 
 from refllm.testing.ggml.blocks import BLOCKS, type_name
-from refllm.testing.ggml.dispatch import SPECIFIED, x86_kernel
-from refllm.testing.ggml.dots import ACTIVATION_TYPE, spec_dot
+from refllm.testing.ggml.dispatch import x86_kernel
 from refllm.testing.ggml.library import installed_library
-from refllm.testing.ggml.quantizers import QUANTIZERS
+from refllm.testing.ggml.products import spec_product
 
 F32 = 0
 
@@ -63,12 +63,12 @@ def _float_view(t: _Tensor) -> np.ndarray:
     return np.ctypeslib.as_array((ctypes.c_float * (rows * t.ne[0])).from_address(t.data)).reshape(rows, t.ne[0])
 
 
-def _product(t: _Tensor, buffer_name: Callable) -> Product | None:
+def _product(t: _Tensor, buffer_name: Callable, stored: dict) -> Product | None:
     weight, x = (_Tensor.from_address(t.src[i]) for i in (0, 1))
     if weight.type == F32 or type_name(weight.type) not in BLOCKS or not _contiguous_f32(x):
         return None
-    raw = np.array((ctypes.c_uint8 * (weight.nb[1] * weight.ne[1])).from_address(weight.data))
-    weights = raw.reshape(weight.ne[1], weight.nb[1])
+    # the blocks as the file has them: a repacked weight's memory holds them interleaved
+    weights = np.asarray(stored[weight.name.decode()].data).reshape(weight.ne[1], weight.nb[1])
     return Product(type_name(weight.type), weights, _float_view(x).copy(), buffer_name(weight.buffer).decode())
 
 
@@ -77,6 +77,7 @@ def run_graph(path: str | Path, tokens: Sequence[int], alter: Callable[[Node], n
     """Prefill ``tokens`` in one batch -> (every node as computed, in order; logits [T, V])."""  # fmt: skip
     import llama_cpp as lc
 
+    stored = {tensor.name: tensor for tensor in GGUFReader(str(path)).tensors}
     library = installed_library()
     op_name, buffer_name = library.base.ggml_op_name, library.base.ggml_backend_buffer_name
     nodes: list[Node] = []
@@ -89,7 +90,7 @@ def run_graph(path: str | Path, tokens: Sequence[int], alter: Callable[[Node], n
             t = _Tensor.from_address(pointer)
             node = Node(len(nodes), t.name.decode(), op_name(t.op).decode(),
                         _float_view(t).copy() if _contiguous_f32(t) else None, pointer,
-                        tuple(s for s in t.src if s), _product(t, buffer_name) if op_name(t.op) == b"MUL_MAT" else None)  # fmt: skip
+                        tuple(s for s in t.src if s), _product(t, buffer_name, stored) if op_name(t.op) == b"MUL_MAT" else None)  # fmt: skip
             nodes.append(node)
             replacement = alter(node) if alter and node.value is not None else None
             if replacement is not None:
@@ -176,11 +177,10 @@ def check_products(nodes: list[Node], repack: bool = True) -> list[ProductCheck]
         if product is None or node.value is None:
             continue
         kernel = x86_kernel(product.weight_type, len(product.weights), len(product.x), isa, repack)
-        if kernel not in SPECIFIED or product.weight_type not in ACTIVATION_TYPE:
+        want = spec_product(kernel, product.weight_type, product.weights, product.x)
+        if want is None:
             checks.append(ProductCheck(node.name, product.weight_type, kernel, product.buffer, None))
             continue
-        quantize = QUANTIZERS[ACTIVATION_TYPE[product.weight_type]]
-        want = np.stack([spec_dot(product.weight_type, product.weights, quantize(row)) for row in product.x])
         difference = float(np.abs(want.astype(np.float64) - node.value).max())
         identical = np.array_equal(want, node.value)
         checks.append(ProductCheck(node.name, product.weight_type, kernel, product.buffer, identical, difference))
