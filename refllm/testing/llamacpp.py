@@ -28,6 +28,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -45,7 +46,8 @@ PER_LAYER = {  # Hugging Face suffix -> GGUF name
     "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
 }  # fmt: skip
 FILE_TYPES = {"float32": "ALL_F32", "float16": "MOSTLY_F16", "Q4_0": "MOSTLY_Q4_0", "Q4_1": "MOSTLY_Q4_1",
-              "Q5_0": "MOSTLY_Q5_0", "Q5_1": "MOSTLY_Q5_1", "Q8_0": "MOSTLY_Q8_0"}  # fmt: skip
+              "Q5_0": "MOSTLY_Q5_0", "Q5_1": "MOSTLY_Q5_1", "Q8_0": "MOSTLY_Q8_0", "Q2_K": "MOSTLY_Q2_K",
+              "Q3_K": "MOSTLY_Q3_K_M", "Q4_K": "MOSTLY_Q4_K_M", "Q5_K": "MOSTLY_Q5_K_M", "Q6_K": "MOSTLY_Q6_K"}  # fmt: skip
 GLOBAL = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 
 
@@ -80,9 +82,13 @@ def gguf_name(hf_name: str) -> str:
     return f"blk.{layer}.{PER_LAYER[suffix]}.{kind}"
 
 
-def write_gguf(checkpoint: Checkpoint, path: str | Path, dtype: str = "float32") -> None:
+def write_gguf(
+    checkpoint: Checkpoint, path: str | Path, dtype: str = "float32", encode: Callable | None = None
+) -> None:
     """The checkpoint as a GGUF file llama.cpp loads: matrices in ``dtype`` (float32, float16, or a block
-    format gguf quantizes: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), norms in float32."""
+    format gguf quantizes: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), norms in float32. ``encode(array, dtype)`` ->
+    (stored array, ggml type or None), in place of that, decides what each matrix is stored as (a test's
+    random blocks of a format gguf cannot quantize, say)."""
     import gguf
 
     c, arch = checkpoint.config, ARCHES[checkpoint.config.model_type]
@@ -117,17 +123,25 @@ def write_gguf(checkpoint: Checkpoint, path: str | Path, dtype: str = "float32")
         if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
             heads = H if ".q_proj." in name else K
             array = _permute_rows(array, heads)
-        if array.ndim == 1 or dtype == "float32":
+        if array.ndim == 1:
             writer.add_tensor(gguf_name(name), np.ascontiguousarray(array, np.float32))
-        elif dtype == "float16":
-            writer.add_tensor(gguf_name(name), np.ascontiguousarray(array, np.float16))
-        else:  # a ggml block format gguf's quantizer writes (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)
-            kind = gguf.GGMLQuantizationType[dtype]
-            writer.add_tensor(gguf_name(name), gguf.quants.quantize(np.asarray(array, np.float32), kind), raw_dtype=kind)
+        else:
+            stored, kind = (encode or _encoded)(array, dtype)
+            writer.add_tensor(gguf_name(name), stored, raw_dtype=kind)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def _encoded(array: np.ndarray, dtype: str) -> tuple[np.ndarray, int | None]:
+    """A matrix as ``dtype`` stores it -> (array, ggml type of raw blocks or None)."""
+    import gguf
+
+    if dtype in ("float32", "float16"):
+        return np.ascontiguousarray(array, dtype), None
+    kind = gguf.GGMLQuantizationType[dtype]  # a ggml block format gguf's quantizer writes
+    return gguf.quants.quantize(np.asarray(array, np.float32), kind), kind
 
 
 class LlamaCppBackend(Backend):

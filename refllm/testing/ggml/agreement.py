@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from refllm.testing.ggml.arith import fma32
-from refllm.testing.ggml.blocks import BLOCKS, as_blocks, half
+from refllm.testing.ggml.blocks import BLOCKS, TYPE_IDS, as_blocks, half
 from refllm.testing.ggml.dots import ACTIVATION_TYPE, WEIGHT_VALUES, spec_dot
 from refllm.testing.ggml.library import GgmlLibrary
 from refllm.testing.ggml.quantizers import QUANTIZERS
@@ -36,14 +36,28 @@ def draw_activations(rng: np.random.Generator, n: int) -> np.ndarray:
     return x
 
 
-def draw_weight_rows(rng: np.random.Generator, name: str, rows: int, blocks: int) -> np.ndarray:
+def draw_weight_rows(
+    rng: np.random.Generator, name: str, rows: int, blocks: int, scale: float = 0.01
+) -> np.ndarray:
     """[rows, blocks * type_size] uint8: random bytes (every quant and sub-block scale occurs), with finite
-    float16 scales and offsets of either sign."""
+    float16 scales and offsets of either sign, normal times ``scale``."""
     raw = rng.integers(0, 256, (rows, blocks * BLOCKS[name].type_size), dtype=np.uint8)
     records = as_blocks(raw, name)
     for field in {"d", "m", "dmin"} & set(records.dtype.names):
-        records[field] = (rng.standard_normal(records.shape) * 0.01).astype(np.float16)
+        records[field] = (rng.standard_normal(records.shape) * scale).astype(np.float16)
     return raw
+
+
+def random_blocks(name: str, seed: int = 0, scale: float = 1e-3):
+    """An ``encode`` for ``llamacpp.write_gguf``: every matrix as random ``name`` blocks (a model to run a
+    format's kernels on, where gguf has no quantizer for it; scales small enough to keep activations finite)."""
+    rng = np.random.default_rng(seed)
+
+    def encode(array: np.ndarray, dtype: str) -> tuple[np.ndarray, int]:
+        rows, columns = array.shape
+        return draw_weight_rows(rng, name, rows, columns // BLOCKS[name].size, scale), TYPE_IDS[name]
+
+    return encode
 
 
 @dataclass(frozen=True)

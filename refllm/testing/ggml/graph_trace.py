@@ -1,11 +1,11 @@
 """A llama.cpp model run op by op through the scheduler's eval callback (``cb_eval``), and what that shows:
 the hidden states after each layer and around its attention and MLP (for failure reports), and every
-matrix product recomputed from its own inputs with ggml's arithmetic (``dots.py``), so that a kernel
+matrix product recomputed from its own inputs with ggml's arithmetic (``products.py``), so that a kernel
 that is off by 1e-3 shows as the one op that is not bit-identical.
 
-llama.cpp names the nodes it builds: ``embd`` (the embeddings looked up), then per layer i ``attn_norm-i`` (what enters the
-attention), ``ffn_norm-i`` (what enters the MLP), ``ffn_out-i`` (what leaves it) and ``l_out-i`` (the
-layer's output). What leaves the attention is the other operand of the residual sum that adds the layer's
+llama.cpp names the nodes it builds: ``embd`` (the embeddings looked up), then per layer i ``attn_norm-i``
+(what enters the attention), ``ffn_norm-i`` (what enters the MLP), ``ffn_out-i`` (what leaves it) and
+``l_out-i`` (the layer's output). What leaves the attention is the other operand of the residual sum that adds the layer's
 input back. ``alter`` rewrites a node's output before later nodes read it: the way a test injects a broken op.
 """
 
@@ -88,9 +88,10 @@ def run_graph(path: str | Path, tokens: Sequence[int], alter: Callable[[Node], n
             return True  # see every node: llama.cpp then computes the graph one node at a time
         try:
             t = _Tensor.from_address(pointer)
-            node = Node(len(nodes), t.name.decode(), op_name(t.op).decode(),
-                        _float_view(t).copy() if _contiguous_f32(t) else None, pointer,
-                        tuple(s for s in t.src if s), _product(t, buffer_name, stored) if op_name(t.op) == b"MUL_MAT" else None)  # fmt: skip
+            product = _product(t, buffer_name, stored) if op_name(t.op) == b"MUL_MAT" else None
+            value = _float_view(t).copy() if _contiguous_f32(t) else None
+            node = Node(len(nodes), t.name.decode(), op_name(t.op).decode(), value, pointer,
+                        tuple(s for s in t.src if s), product)  # fmt: skip
             nodes.append(node)
             replacement = alter(node) if alter and node.value is not None else None
             if replacement is not None:

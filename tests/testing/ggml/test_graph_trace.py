@@ -10,12 +10,16 @@ pytest.importorskip("llama_cpp")
 
 from refllm.testing import Checkpoint  # noqa: E402
 from refllm.testing.configs import tiny_config_json  # noqa: E402
+from refllm.testing.ggml.agreement import random_blocks  # noqa: E402
 from refllm.testing.ggml.graph_trace import check_products, layer_points, run_graph  # noqa: E402
 from refllm.testing.llamacpp import write_gguf  # noqa: E402
 
 TOKENS = [0, 5, 9, 17, 3, 63, 1]
 # rows of 64 and 96 weights: whole blocks of 32; 3 layers
 SIZES = {"hidden_size": 64, "intermediate_size": 96, "head_dim": 16, "num_hidden_layers": 3}
+# rows of 256 and 512 weights: whole K-quant super-blocks; 70 outputs in the LM head, a ragged tile edge
+KQUANT_SIZES = {"hidden_size": 256, "intermediate_size": 512, "head_dim": 64, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 70, "attention_bias": False}  # fmt: skip
 
 
 def quantized_model(tmp_path, arch: str, dtype: str) -> str:
@@ -64,3 +68,13 @@ def test_the_layer_points_are_the_hidden_states_of_every_layer(tmp_path):
         residual = states[layer] + inside["attention output"]
         assert np.array_equal(states[layer + 1], residual + inside["MLP output"])
     assert logits.shape == (len(TOKENS), 64)
+
+
+@pytest.mark.parametrize("kquant", ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"])
+def test_k_quant_products_on_the_vec_dot_and_tiled_paths_are_ggml_arithmetic(tmp_path, kquant):
+    config = tiny_config_json("llama") | KQUANT_SIZES
+    path = str(tmp_path / f"{kquant}.gguf")
+    write_gguf(Checkpoint.random(config, 0), path, kquant, encode=random_blocks(kquant))  # random blocks
+    for tokens, kernel in (([7], "vec_dot"), (list(range(17)), "tiled")):  # tiled from 8 tokens on
+        checks = check_products(run_graph(path, tokens, repack=False)[0], repack=False)
+        assert {(c.weight_type, c.kernel, c.identical) for c in checks} == {(kquant, kernel, True)}
