@@ -3,7 +3,7 @@ float32 activations X [T, K] -> [T, N] float32, for the kernels ``dispatch.py`` 
 
 vec_dot (and llamafile's tinyBLAS, which computes each output the same way): each row of X quantized to
 the format's activation type (``quantizers.py``), then one dot product per output (``dots.py``).
-tiled: ``tiled.py``.
+tiled: ``tiled.py``; repacked: ``repacked.py``.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import numpy as np
 
 from refllm.testing.ggml.dots import ACTIVATION_TYPE, spec_dot
 from refllm.testing.ggml.quantizers import QUANTIZERS
+from refllm.testing.ggml.repacked import REPACKED_TYPES, repacked_product
 from refllm.testing.ggml.tiled import TILED_TYPES, tiled_product
 
 
@@ -25,6 +26,7 @@ KERNELS = {
     "vec_dot": (tuple(ACTIVATION_TYPE), vec_dot_product),
     "llamafile": (("Q8_0", "Q4_0", "Q5_0"), vec_dot_product),
     "tiled": (TILED_TYPES, tiled_product),
+    "repacked": (REPACKED_TYPES, repacked_product),
 }
 
 

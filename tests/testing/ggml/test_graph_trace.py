@@ -50,12 +50,23 @@ def test_a_kernel_off_by_a_thousandth_is_caught_at_its_op(tmp_path):
     assert 0 < next(c for c in checks if c.node == "ffn_gate-1").largest_difference < 1e-2
 
 
-def test_a_repacked_weight_is_reported_as_such_and_checked_once_unpacked(tmp_path):
+@pytest.mark.parametrize("tokens", [1, 5, 17])  # gemv; gemm on 4 rows and gemv on 1; AVX-512 groups of 16
+def test_repacked_q4_0_products_are_ggml_arithmetic_and_so_are_they_unpacked(tmp_path, tokens):
     path = quantized_model(tmp_path, "llama", "Q4_0")
-    packed = check_products(run_graph(path, TOKENS[:1])[0])
-    assert {(c.kernel, c.buffer, c.identical) for c in packed} == {("repacked", "CPU_REPACK", None)}  # rows of 8
-    unpacked = check_products(run_graph(path, TOKENS[:1], repack=False)[0], repack=False)
+    packed = check_products(run_graph(path, (TOKENS * 3)[:tokens])[0])
+    assert {(c.kernel, c.buffer, c.identical) for c in packed} == {("repacked", "CPU_REPACK", True)}  # rows of 8
+    unpacked = check_products(run_graph(path, [7], repack=False)[0], repack=False)
     assert {(c.kernel, c.buffer, c.identical) for c in unpacked} == {("vec_dot", "CPU_Mapped", True)}  # the file
+
+
+@pytest.mark.parametrize("kquant", ["Q2_K", "Q4_K"])
+def test_repacked_k_quant_products_are_ggml_arithmetic(tmp_path, kquant):
+    path = str(tmp_path / f"{kquant}.gguf")
+    write_gguf(Checkpoint.random(tiny_config_json("llama") | KQUANT_SIZES, 0), path, kquant, random_blocks(kquant))
+    for tokens in (1, 9):
+        checks = check_products(run_graph(path, list(range(tokens)))[0])
+        head = "vec_dot" if tokens == 1 else "tiled"  # 70 rows, not a multiple of 8: the LM head is not repacked
+        assert {(c.kernel, c.identical) for c in checks} == {("repacked", True), (head, True)}
 
 
 def test_the_layer_points_are_the_hidden_states_of_every_layer(tmp_path):
