@@ -72,3 +72,45 @@ def f16_round(x) -> np.ndarray:
 def half(field: np.ndarray) -> np.ndarray:
     """A float16 field as float32 (exact)."""
     return field.astype(np.float32)
+
+
+# ---- bit fields of the K-quants, shared by their kernels ------------------------------------------
+
+
+def fields(raw: np.ndarray, width: int, count: int) -> np.ndarray:
+    """[..., n] bytes -> [..., count, n] int64: field i of each byte is its bits width*i .. width*(i+1) - 1."""
+    shifts = (width * np.arange(count))[:, None]
+    return (raw[..., None, :].astype(np.int64) >> shifts) & ((1 << width) - 1)
+
+
+def runs(field: np.ndarray, size: int) -> np.ndarray:
+    """[..., n] -> [..., n / size, size]."""
+    return field.reshape(*field.shape[:-1], -1, size)
+
+
+def flat(values: np.ndarray, lead: int) -> np.ndarray:
+    """Keep the first ``lead`` axes, flatten the rest (one super-block's weights in order)."""
+    return values.reshape(*values.shape[:lead], -1)
+
+
+def pair_sums(x: np.ndarray) -> np.ndarray:
+    """[..., 2n] -> [..., n]: x[2i] + x[2i+1]."""
+    return runs(x, 2).sum(axis=-1)
+
+
+def k4_scales_mins(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K / Q5_K ``scales`` [..., 12] -> 6-bit scales and mins [..., 8] (``get_scale_min_k4``)."""
+    q = packed.astype(np.int64)
+    low, mid, high = q[..., 0:4], q[..., 4:8], q[..., 8:12]
+    scales = np.concatenate([low & 63, (high & 15) | (low >> 6) << 4], axis=-1)
+    mins = np.concatenate([mid & 63, (high >> 4) | (mid >> 6) << 4], axis=-1)
+    return scales, mins
+
+
+def q3_scales(packed: np.ndarray) -> np.ndarray:
+    """Q3_K ``scales`` [..., 12] -> 16 signed scales: a nibble of bytes 0..7 and two bits of bytes 8..11, - 32."""
+    q = packed.astype(np.int64)
+    k = np.arange(16)
+    low = (q[..., k % 8] >> 4 * (k // 8)) & 15
+    high = (q[..., 8 + k % 4] >> 2 * (k // 4)) & 3
+    return (low | high << 4) - 32

@@ -46,28 +46,9 @@ from __future__ import annotations
 import numpy as np
 
 from refllm.testing.ggml.arith import fma32, hsum8
-from refllm.testing.ggml.blocks import QK_K, as_blocks, half
-
-
-def _fields(raw: np.ndarray, width: int, count: int) -> np.ndarray:
-    """[..., n] bytes -> [..., count, n] int64: field i of each byte is its bits width*i .. width*(i+1) - 1."""
-    shifts = (width * np.arange(count))[:, None]
-    return (raw[..., None, :].astype(np.int64) >> shifts) & ((1 << width) - 1)
-
-
-def _runs(field: np.ndarray, size: int) -> np.ndarray:
-    """[..., n] -> [..., n / size, size]."""
-    return field.reshape(*field.shape[:-1], -1, size)
-
-
-def _flat(values: np.ndarray, lead: int) -> np.ndarray:
-    """Keep the first ``lead`` axes, flatten the rest (one super-block's weights in order)."""
-    return values.reshape(*values.shape[:lead], -1)
-
-
-def _pair_sums(x: np.ndarray) -> np.ndarray:
-    """[..., 2n] -> [..., n]: x[2i] + x[2i+1]."""
-    return _runs(x, 2).sum(axis=-1)
+from refllm.testing.ggml.blocks import (
+    QK_K, as_blocks, fields, flat, half, k4_scales_mins, pair_sums, q3_scales, runs,
+)  # fmt: skip
 
 
 def _lanes(w_q: np.ndarray, scales: np.ndarray, a_q: np.ndarray) -> np.ndarray:
@@ -75,7 +56,7 @@ def _lanes(w_q: np.ndarray, scales: np.ndarray, a_q: np.ndarray) -> np.ndarray:
     integer lanes: lane k sums the positions p with p % 32 in 4k .. 4k+3."""
     per_weight = np.repeat(scales.astype(np.int64), QK_K // scales.shape[-1], axis=-1)
     products = w_q * per_weight * a_q.astype(np.int64)
-    return _runs(_runs(products, 32), 4).sum(axis=(-3, -1))
+    return runs(runs(products, 32), 4).sum(axis=(-3, -1))
 
 
 def _factor(a: np.ndarray, field: np.ndarray) -> np.ndarray:
@@ -94,53 +75,35 @@ def _accumulate(*terms: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
     return acc
 
 
-def _k4_scales_mins(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q4_K / Q5_K ``scales`` [..., 12] -> 6-bit scales and mins [..., 8] (``get_scale_min_k4``)."""
-    q = packed.astype(np.int64)
-    low, mid, high = q[..., 0:4], q[..., 4:8], q[..., 8:12]
-    scales = np.concatenate([low & 63, (high & 15) | (low >> 6) << 4], axis=-1)
-    mins = np.concatenate([mid & 63, (high >> 4) | (mid >> 6) << 4], axis=-1)
-    return scales, mins
-
-
-def _q3_scales(packed: np.ndarray) -> np.ndarray:
-    """Q3_K ``scales`` [..., 12] -> 16 signed scales: a nibble of bytes 0..7 and two bits of bytes 8..11, - 32."""
-    q = packed.astype(np.int64)
-    k = np.arange(16)
-    low = (q[..., k % 8] >> 4 * (k // 8)) & 15
-    high = (q[..., 8 + k % 4] >> 2 * (k // 4)) & 3
-    return (low | high << 4) - 32
-
-
 def _q2_k(w: np.ndarray, a: np.ndarray) -> np.ndarray:
-    w_q = _flat(_fields(_runs(w["qs"], 32), 2, 4), 2)
+    w_q = flat(fields(runs(w["qs"], 32), 2, 4), 2)
     scales, mins = w["scales"] & 15, (w["scales"] >> 4).astype(np.int64)
-    min_lanes = _pair_sums(mins * a["bsums"])
+    min_lanes = pair_sums(mins * a["bsums"])
     d, dmin = _factor(a, w["d"]), -_factor(a, w["dmin"])
     return hsum8(_accumulate((dmin, min_lanes), (d, _lanes(w_q, scales, a["qs"]))))
 
 
 def _q3_k(w: np.ndarray, a: np.ndarray) -> np.ndarray:
-    low = _flat(_fields(_runs(w["qs"], 32), 2, 4), 2)
-    high = _flat(_fields(w["hmask"], 1, 8), 2)
-    lanes = _lanes(low - 4 * (1 - high), _q3_scales(w["scales"]), a["qs"])
+    low = flat(fields(runs(w["qs"], 32), 2, 4), 2)
+    high = flat(fields(w["hmask"], 1, 8), 2)
+    lanes = _lanes(low - 4 * (1 - high), q3_scales(w["scales"]), a["qs"])
     return hsum8(_accumulate((_factor(a, w["d"]), lanes)))
 
 
 def _q45_k(w: np.ndarray, a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """What Q4_K and Q5_K share -> (hsum8 of the scaled lanes, dmin [R, nb], mins [R, nb, 8],
     chunk sums g [nb, 8])."""
-    w_q = _flat(_fields(_runs(w["qs"], 32), 4, 2), 2)
+    w_q = flat(fields(runs(w["qs"], 32), 4, 2), 2)
     if "qh" in w.dtype.names:
-        w_q = w_q + 16 * _flat(_fields(w["qh"], 1, 8), 2)
-    scales, mins = _k4_scales_mins(w["scales"])
+        w_q = w_q + 16 * flat(fields(w["qh"], 1, 8), 2)
+    scales, mins = k4_scales_mins(w["scales"])
     dots = hsum8(_accumulate((_factor(a, w["d"]), _lanes(w_q, scales, a["qs"]))))
-    return dots, -_factor(a, w["dmin"]), mins, _pair_sums(a["bsums"].astype(np.int64))
+    return dots, -_factor(a, w["dmin"]), mins, pair_sums(a["bsums"].astype(np.int64))
 
 
 def _q4_k(w: np.ndarray, a: np.ndarray) -> np.ndarray:
     dots, dmin, mins, chunk_sums = _q45_k(w, a)
-    acc_m = _accumulate((dmin, _pair_sums(mins * chunk_sums)))
+    acc_m = _accumulate((dmin, pair_sums(mins * chunk_sums)))
     return dots + ((acc_m[:, 0] + acc_m[:, 2]) + (acc_m[:, 1] + acc_m[:, 3]))
 
 
@@ -154,10 +117,10 @@ def _q5_k(w: np.ndarray, a: np.ndarray) -> np.ndarray:
 
 
 def _q6_k(w: np.ndarray, a: np.ndarray) -> np.ndarray:
-    nibbles = _flat(_fields(_runs(w["ql"], 64), 4, 2), 2)  # chunk order: (c // 4, (c % 4) // 2, c % 2)
-    high = _flat(_fields(_runs(w["qh"], 32), 2, 4), 2)
+    nibbles = flat(fields(runs(w["ql"], 64), 4, 2), 2)  # chunk order: (c // 4, (c % 4) // 2, c % 2)
+    high = flat(fields(runs(w["qh"], 32), 2, 4), 2)
     scales = w["scales"].astype(np.int64)
-    offsets = 32 * _pair_sums(scales * a["bsums"])
+    offsets = 32 * pair_sums(scales * a["bsums"])
     lanes = _lanes(nibbles | high << 4, scales, a["qs"]) - offsets
     return hsum8(_accumulate((_factor(a, w["d"]), lanes)))
 

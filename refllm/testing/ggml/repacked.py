@@ -56,21 +56,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from refllm.testing.ggml.arith import fma32
-from refllm.testing.ggml.blocks import as_blocks, half
+from refllm.testing.ggml.blocks import as_blocks, fields, half, runs
 from refllm.testing.ggml.quantizers import QUANTIZERS
 
 REPACKED_TYPES = ("Q4_0", "Q4_K", "Q2_K")
-
-
-def _bit_fields(raw: np.ndarray, width: int, count: int) -> np.ndarray:
-    """[..., n] bytes -> [..., count, n] int64: field i is bits width*i .. width*(i+1) - 1 of each byte."""
-    shifts = (width * np.arange(count))[:, None]
-    return (raw[..., None, :].astype(np.int64) >> shifts) & ((1 << width) - 1)
-
-
-def _units(values: np.ndarray, length: int) -> np.ndarray:
-    """[..., n] -> [..., n / length, length]."""
-    return values.reshape(*values.shape[:-1], -1, length)
 
 
 @dataclass(frozen=True)
@@ -84,22 +73,22 @@ class Weights:
 
 def _q4_0(w: np.ndarray) -> Weights:
     nibbles = np.concatenate([w["qs"] & 15, w["qs"] >> 4], axis=-1).astype(np.int64) - 8
-    return Weights(_units(nibbles, 32), np.ones(w.shape + (1,), np.int64), None, half(w["d"]), None)
+    return Weights(runs(nibbles, 32), np.ones(w.shape + (1,), np.int64), None, half(w["d"]), None)
 
 
 def _q4_k(w: np.ndarray) -> Weights:
-    nibbles = _bit_fields(_units(w["qs"], 32), 4, 2)  # [N, nb, 4, 2, 32]: unit j = (j // 2, j % 2)
+    nibbles = fields(runs(w["qs"], 32), 4, 2)  # [N, nb, 4, 2, 32]: unit j = (j // 2, j % 2)
     q = w["scales"].astype(np.int64)
     low, mid, high = q[..., 0:4], q[..., 4:8], q[..., 8:12]
     scales = np.concatenate([low & 63, (high & 15) | (low >> 6) << 4], axis=-1)
     mins = np.concatenate([mid & 63, (high >> 4) | (mid >> 6) << 4], axis=-1)
-    return Weights(_units(nibbles.reshape(*w.shape, 256), 32), scales, mins, half(w["d"]), half(w["dmin"]))
+    return Weights(runs(nibbles.reshape(*w.shape, 256), 32), scales, mins, half(w["d"]), half(w["dmin"]))
 
 
 def _q2_k(w: np.ndarray) -> Weights:
-    crumbs = _bit_fields(_units(w["qs"], 32), 2, 4)  # [N, nb, 2, 4, 32]: 32 weights per (half, shift)
+    crumbs = fields(runs(w["qs"], 32), 2, 4)  # [N, nb, 2, 4, 32]: 32 weights per (half, shift)
     scales, mins = (w["scales"] & 15).astype(np.int64), (w["scales"] >> 4).astype(np.int64)
-    return Weights(_units(crumbs.reshape(*w.shape, 256), 16), scales, mins, half(w["d"]), half(w["dmin"]))
+    return Weights(runs(crumbs.reshape(*w.shape, 256), 16), scales, mins, half(w["d"]), half(w["dmin"]))
 
 
 def _rows_q8(x: np.ndarray, activation: str) -> tuple[np.ndarray, np.ndarray]:
@@ -153,11 +142,11 @@ def _accumulate(sums: np.ndarray, factor: np.ndarray) -> np.ndarray:
 
 def _kernel(w: Weights, d_a: np.ndarray, a_q: np.ndarray, step: int) -> np.ndarray:
     """One kernel's outputs [T, N] for activations d_a [T, nb], a_q [T, nb, B], ``step`` units per float step."""
-    a_units = _units(a_q, w.w_q.shape[-1])  # [T, nb, J, L]
+    a_units = runs(a_q, w.w_q.shape[-1])  # [T, nb, J, L]
     dots = np.einsum("tbjl,nbjl->tnbj", a_units, w.w_q) * w.scales  # [T, N, nb, J]
 
     def steps(units: np.ndarray) -> np.ndarray:
-        return _units(units, step).sum(axis=-1)
+        return runs(units, step).sum(axis=-1)
 
     y = _accumulate(steps(dots), w.d * d_a[:, None])
     if w.mins is not None:

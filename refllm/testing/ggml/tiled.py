@@ -45,8 +45,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from refllm.testing.ggml.arith import fma32
-from refllm.testing.ggml.blocks import as_blocks, half
-from refllm.testing.ggml.kquant_dots import _fields, _flat, _k4_scales_mins, _pair_sums, _q3_scales, _runs
+from refllm.testing.ggml.blocks import (
+    as_blocks, fields, flat, half, k4_scales_mins, pair_sums, q3_scales, runs,
+)  # fmt: skip
 from refllm.testing.ggml.quantizers import quantize_q8_k
 
 
@@ -58,15 +59,15 @@ class Format:
 
 
 def _two_bits(w: np.ndarray) -> np.ndarray:
-    return _flat(_fields(_runs(w["qs"], 32), 2, 4), 2)
+    return flat(fields(runs(w["qs"], 32), 2, 4), 2)
 
 
 def _nibbles(w: np.ndarray) -> np.ndarray:
-    return _flat(_fields(_runs(w["qs"], 32), 4, 2), 2)
+    return flat(fields(runs(w["qs"], 32), 4, 2), 2)
 
 
 def _high_bit(w: np.ndarray, field: str) -> np.ndarray:
-    return _flat(_fields(w[field], 1, 8), 2)
+    return flat(fields(w[field], 1, 8), 2)
 
 
 def _q2_k(w):
@@ -74,20 +75,20 @@ def _q2_k(w):
 
 
 def _q3_k(w):
-    return _two_bits(w) | _high_bit(w, "hmask") << 2, _q3_scales(w["scales"]), None
+    return _two_bits(w) | _high_bit(w, "hmask") << 2, q3_scales(w["scales"]), None
 
 
 def _q4_k(w):
-    return (_nibbles(w), *_k4_scales_mins(w["scales"]))
+    return (_nibbles(w), *k4_scales_mins(w["scales"]))
 
 
 def _q5_k(w):
-    return (_nibbles(w) | _high_bit(w, "qh") << 4, *_k4_scales_mins(w["scales"]))
+    return (_nibbles(w) | _high_bit(w, "qh") << 4, *k4_scales_mins(w["scales"]))
 
 
 def _q6_k(w):
-    low = _flat(_fields(_runs(w["ql"], 64), 4, 2), 2)
-    high = _flat(_fields(_runs(w["qh"], 32), 2, 4), 2)
+    low = flat(fields(runs(w["ql"], 64), 4, 2), 2)
+    high = flat(fields(runs(w["qh"], 32), 2, 4), 2)
     return low | high << 4, w["scales"], None
 
 
@@ -104,8 +105,8 @@ TILED_TYPES = tuple(FORMATS)
 def _sub_block_dots(codes: np.ndarray, quants: np.ndarray, subblock: int) -> np.ndarray:
     """codes [N, 256] and quants [T, 256] of one K-block -> raw [N, T, S], the exact integer dot product of
     each sub-block (through float64, exact: every sum is far below 2**53)."""
-    c = _runs(codes, subblock).astype(np.float64).transpose(1, 0, 2)  # [S, N, sub]
-    q = _runs(quants, subblock).astype(np.float64).transpose(1, 2, 0)  # [S, sub, T]
+    c = runs(codes, subblock).astype(np.float64).transpose(1, 0, 2)  # [S, N, sub]
+    q = runs(quants, subblock).astype(np.float64).transpose(1, 2, 0)  # [S, sub, T]
     return np.matmul(c, q).transpose(1, 2, 0).astype(np.int64)
 
 
@@ -114,7 +115,7 @@ def _block_term(fmt: Format, w: np.ndarray, unpacked: tuple, a: np.ndarray, b: i
     codes, scales, mins = unpacked
     sums = a["bsums"][:, b].astype(np.int64)  # [T, 16]: per 16 quants
     if fmt.subblock == 32:
-        sums = _pair_sums(sums)
+        sums = pair_sums(sums)
     raw = _sub_block_dots(codes[:, b], a["qs"][:, b], fmt.subblock)  # [N, T, S]
     s1 = np.einsum("ns,nts->nt", scales[:, b].astype(np.int64), raw - fmt.bias * sums[None])
     r = s1.astype(np.float32) * half(w["d"][:, b, None])
