@@ -23,7 +23,7 @@ def check(
 
     ``spec`` (the backend's ``module:factory``) makes the explanation end with a one-line repro.
     """
-    profile, backend = get_profile(profile), as_backend(backend)
+    profile, backend = get_profile(profile).for_checkpoint(checkpoint), as_backend(backend)
     try:
         PROPERTIES[name].run(backend, refllm_contiguous(checkpoint), profile, **args)
     except Mismatch as mismatch:

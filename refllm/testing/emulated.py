@@ -10,6 +10,7 @@ measures them; tests/testing/test_oracle_emulated.py runs them):
                           attention's q, k, v and output, the logits) and the residual stream after every
                           layer rounded to bfloat16; sums and softmax in float32, as a bfloat16 GPU
                           engine runs them (tensor cores accumulate in float32)
+    float16_activations   profile float16: the same with float16 (11 bits) in place of bfloat16
     float16_logits        profile float16: exact float32, logits rounded to float16
     float16_kv            profile float16: exact float32, keys and values (DeepSeek's latents) stored in
                           float16
@@ -132,13 +133,23 @@ def _backend(model: DecoderModel, name: str) -> ModelBackend:
     return ModelBackend(model, CacheConfig(kind="contiguous"), name)
 
 
+def _rounded_engine(checkpoint: Checkpoint, round_to: Callable, name: str) -> ModelBackend:
+    """Weights, activations and the residual stream rounded by ``round_to``; float32 sums and softmax."""
+    weights = {tensor: round_to(array) for tensor, array in checkpoint.tensors.items()}
+    source = InMemorySource(checkpoint.config, weights)
+    model = DecoderModel.load(source, ops=_rounded_outputs(SPEC_OPS, round_to))
+    model.layers = [_RoundedLayer(getattr(layer, "op_by_op", layer), round_to) for layer in model.layers]
+    return _backend(model, name)
+
+
 def bfloat16_activations(checkpoint: Checkpoint) -> ModelBackend:
     """A bfloat16 engine: bfloat16 weights, activations and residual stream; float32 sums and softmax."""
-    weights = {name: bfloat16_round(array) for name, array in checkpoint.tensors.items()}
-    source = InMemorySource(checkpoint.config, weights)
-    model = DecoderModel.load(source, ops=_rounded_outputs(SPEC_OPS, bfloat16_round))
-    model.layers = [_RoundedLayer(getattr(layer, "op_by_op", layer), bfloat16_round) for layer in model.layers]
-    return _backend(model, "bfloat16 activations")
+    return _rounded_engine(checkpoint, bfloat16_round, "bfloat16 activations")
+
+
+def float16_activations(checkpoint: Checkpoint) -> ModelBackend:
+    """A float16 engine: float16 weights, activations and residual stream; float32 sums and softmax."""
+    return _rounded_engine(checkpoint, float16_round, "float16 activations")
 
 
 def float16_logits(checkpoint: Checkpoint) -> ModelBackend:
@@ -159,6 +170,7 @@ def int8_activations(checkpoint: Checkpoint) -> ModelBackend:
 # name -> (factory, the profile it must pass)
 EMULATED: dict[str, tuple[Callable[[Checkpoint], ModelBackend], str]] = {
     "bfloat16 activations": (bfloat16_activations, "bfloat16"),
+    "float16 activations": (float16_activations, "float16"),
     "float16 logits": (float16_logits, "float16"),
     "float16 KV": (float16_kv, "float16"),
     "int8 activations": (int8_activations, "int8"),

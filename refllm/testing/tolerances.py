@@ -20,19 +20,46 @@ Rounding error grows with the position (more keys to attend over, more
 rounded steps behind each one): a profile with ``growth_positions`` P allows
 ``spread_tol * sqrt(1 + t / P)`` of the spread at position t, calibrated on the
 kit's own draws up to its longest ``long_horizon`` sequence (320 positions).
+
+That growth is calibrated on the worst model drawn (weights of std 1, where
+attention scores reach the hundreds; routers whose rounded scores pick
+another expert), so it would let through bugs that stay inside it on the
+models where a low-precision engine's error is small. A drawn model's
+conditioning is known: its architecture and weight std. ``for_checkpoint``
+narrows a low-precision profile to the allowance measured on the kit's draws
+of that model (``CONDITIONING_FILE``, written by ``calibrate_profiles.py
+--conditioning``), ``CONDITIONING_MARGIN`` times the worst error of an engine
+emulating the precision; a model outside the table (a real checkpoint) keeps
+the profile's own, the worst case.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
 from refllm.errors import InvalidInputError, RefllmKeyError
 
 
+CONDITIONING_FILE = Path(__file__).with_name("conditioning.json")
+CONDITIONING_MARGIN = 3.0  # on the worst error measured by drawn model, in place of 2 on the worst model of all
+
+
 class UnknownProfileError(RefllmKeyError):
     """A tolerance profile name that is not in PROFILES."""
+
+
+def drawn_model(checkpoint) -> str | None:
+    """What decides a drawn model's conditioning: "<model_type> std <weight std>", and for a mixture of
+    experts how its routers were drawn ("... random router", or tied: ROUTERS); None if not drawn."""
+    std = checkpoint.weight_options.get("std")
+    if std is None:
+        return None
+    routers = f" {checkpoint.weight_options.get('router', 'random')} router" if checkpoint.config.experts else ""
+    return f"{(checkpoint.config_json or {}).get('model_type')} std {std:g}{routers}"
 
 
 def spread(expected: np.ndarray) -> np.ndarray:
@@ -70,6 +97,15 @@ class Tolerance:
 
     def close(self, actual: np.ndarray, expected: np.ndarray, positions=0) -> bool:
         return np.shape(actual) == np.shape(expected) and bool(np.all(self.excess(actual, expected, positions) <= 0))
+
+    def for_checkpoint(self, checkpoint) -> Tolerance:
+        """This profile at the allowance measured on the kit's draws of ``checkpoint``'s model
+        (``drawn_model``); itself for any other checkpoint, and for a profile not in PROFILES."""
+        model = drawn_model(checkpoint)
+        measured = CONDITIONED.get(self.name, {}).get(model)
+        if self != PROFILES.get(self.name) or measured is None:
+            return self
+        return replace(self, spread_tol=measured, reason=f"measured on the kit's {model} draws ({CONDITIONING_FILE.name})")
 
     def describe(self) -> str:
         if self.growth_positions is None:
@@ -120,6 +156,10 @@ PROFILES: dict[str, Tolerance] = {
         ),
     ]
 }  # fmt: skip
+
+
+CONDITIONED: dict[str, dict[str, float]] = json.loads(CONDITIONING_FILE.read_text())["allowances"]
+# profile name -> {drawn_model(checkpoint): spread_tol}
 
 
 def get_profile(profile: str | Tolerance) -> Tolerance:

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -33,8 +34,9 @@ from refllm.testing.backends import NotABackendError, as_backend
 from refllm.testing.configs import ARCHITECTURES, UnknownArchitectureError, tiny_config_json
 from refllm.testing.factories import BackendSpecError
 from refllm.testing.repro import main as repro_main
-from refllm.testing.strategies import MAX_TOTAL_TOKENS, checkpoints, chunk_splits, hf_configs, schedules
-from refllm.testing.tolerances import UnknownProfileError
+from refllm.testing.strategies import MAX_TOTAL_TOKENS, WEIGHT_STDS, checkpoints, chunk_splits, hf_configs, schedules
+from refllm.testing.checkpoint import ROUTERS
+from refllm.testing.tolerances import CONDITIONING_FILE, UnknownProfileError, drawn_model
 from tests.helpers import mutants
 from tests.helpers.paths import ROOT
 
@@ -160,6 +162,28 @@ def test_low_precision_allowances_grow_with_the_position():
     assert not bfloat16.close(actual, expected) and bfloat16.close(actual[1:], expected[1:], positions[1:])
     with pytest.raises(ValueError, match="-1"):
         bfloat16.allowance(expected, -1)
+
+
+def test_low_precision_profiles_take_the_allowance_measured_on_the_drawn_model():
+    conditioning = json.loads(CONDITIONING_FILE.read_text())
+    assert conditioning["command"].startswith("python benchmarks/calibrate_profiles.py --conditioning")
+    drawn = {
+        drawn_model(Checkpoint.random(tiny_config_json(arch), std=std, router=router))
+        for arch in ARCHITECTURES for std in WEIGHT_STDS for router in ROUTERS
+    }  # fmt: skip
+    assert set(conditioning["allowances"]) == {"float16", "bfloat16", "int8"}  # the emulated profiles
+    for by_model in conditioning["allowances"].values():
+        assert set(by_model) == drawn  # every model the kit draws was measured
+
+    llama_tenth = Checkpoint.random(tiny_config_json("llama"), seed=0, std=0.1)
+    measured = get_profile("bfloat16").for_checkpoint(llama_tenth)
+    assert measured.spread_tol == conditioning["allowances"]["bfloat16"]["llama std 0.1"] < get_profile("bfloat16").spread_tol
+    assert measured.growth_positions == get_profile("bfloat16").growth_positions and "llama std 0.1" in measured.reason
+    assert get_profile("float32").for_checkpoint(llama_tenth) == get_profile("float32")  # measured flat, no table
+    real = Checkpoint(llama_tenth.config_json, llama_tenth._source, "a real checkpoint")  # no drawn weight std
+    assert get_profile("bfloat16").for_checkpoint(real) == get_profile("bfloat16")
+    custom = replace(get_profile("bfloat16"), spread_tol=0.8)  # a profile of one's own is taken as given
+    assert custom.for_checkpoint(llama_tenth) == custom
 
 
 @pytest.mark.parametrize(
